@@ -1,0 +1,133 @@
+"""The batch planner (pure): which queued sequences go into the next micro-batch.
+
+Rules, in order:
+- the head of the batch is the queued item with the lowest `priority`, then the oldest; so an
+  item is overtaken only by better-priority work and never waits behind newer items of its own
+  priority forever (long ones included);
+- the rest of the batch is filled with items of the head's forward kind whose lengths are
+  closest to the head's, same priority first, while the padded size (items x longest length)
+  stays within `max_batch_tokens`, the count within `max_batch_size`, and real tokens stay at
+  least `min_fill` of the padded ones (padding is what makes unsorted batches slow: issue 5);
+- items whose deadline passed are taken out (`expired`) and never planned.
+
+Items are kept in length buckets so that planning costs O(batch + buckets), not O(queue)."""
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class QueuedItem:
+    tokens: int
+    priority: int = 0
+    deadline: float | None = None
+    group: str = ""           # items of one batch share this (the forward kind)
+    payload: Any = None
+    seq_no: int = field(default=-1)  # arrival order, set by the planner
+    planned: bool = False     # taken into a batch or expired: lazy deletion from the indexes
+
+
+class BatchPlanner:
+    def __init__(self, max_batch_tokens: int, max_batch_size: int, min_fill: float = 0.7,
+                 bucket_width: int = 8) -> None:
+        if max_batch_tokens < 1 or max_batch_size < 1:
+            raise ValueError(f"max_batch_tokens ({max_batch_tokens}) and max_batch_size "
+                             f"({max_batch_size}) must be at least 1")
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.min_fill = min_fill
+        self._width = bucket_width
+        self._arrivals = itertools.count()
+        self._order: list[tuple[int, int, QueuedItem]] = []       # (priority, seq_no, item)
+        self._deadlines: list[tuple[float, int, QueuedItem]] = []  # (deadline, seq_no, item)
+        # (group, priority) -> bucket index -> items in arrival order
+        self._buckets: dict[tuple[str, int], dict[int, deque[QueuedItem]]] = {}
+        self._count = 0
+        self.queued_tokens = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, item: QueuedItem) -> None:
+        item.seq_no = next(self._arrivals)
+        heapq.heappush(self._order, (item.priority, item.seq_no, item))
+        if item.deadline is not None:
+            heapq.heappush(self._deadlines, (item.deadline, item.seq_no, item))
+        buckets = self._buckets.setdefault((item.group, item.priority), {})
+        buckets.setdefault(item.tokens // self._width, deque()).append(item)
+        self._count += 1
+        self.queued_tokens += item.tokens
+
+    def _take(self, item: QueuedItem) -> None:
+        item.planned = True
+        self._count -= 1
+        self.queued_tokens -= item.tokens
+
+    def expired(self, now: float) -> list[QueuedItem]:
+        """Take out and return every queued item whose deadline is before `now`."""
+        out = []
+        while self._deadlines and self._deadlines[0][0] < now:
+            _, _, item = heapq.heappop(self._deadlines)
+            if not item.planned:
+                self._take(item)
+                out.append(item)
+        return out
+
+    def next_deadline(self) -> float | None:
+        while self._deadlines and self._deadlines[0][2].planned:
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def remove_where(self, predicate) -> list[QueuedItem]:
+        """Take out queued items matching `predicate` (a request that failed): O(queue)."""
+        out = [item for _, _, item in self._order if not item.planned and predicate(item)]
+        for item in out:
+            self._take(item)
+        return out
+
+    def next_batch(self) -> list[QueuedItem]:
+        """The next micro-batch, head first; empty when nothing is queued."""
+        while self._order and self._order[0][2].planned:
+            heapq.heappop(self._order)
+        if not self._order:
+            return []
+        _, _, head = heapq.heappop(self._order)
+        self._take(head)
+        batch, longest, real = [head], head.tokens, head.tokens
+        priorities = sorted(p for g, p in self._buckets if g == head.group)
+        priorities.sort(key=lambda p: p != head.priority)  # the head's own priority first
+        for priority in priorities:
+            for item in self._closest(head.group, priority, head.tokens // self._width):
+                if len(batch) >= self.max_batch_size:
+                    return batch
+                new_longest = max(longest, item.tokens)
+                padded = new_longest * (len(batch) + 1)
+                if padded > self.max_batch_tokens or (real + item.tokens) < self.min_fill * padded:
+                    continue
+                self._take(item)
+                batch.append(item)
+                longest, real = new_longest, real + item.tokens
+        return batch
+
+    def _closest(self, group: str, priority: int, centre: int):
+        """Live items of (group, priority), bucket by bucket outward from `centre`; within a
+        bucket, oldest first. Spent entries are dropped as they are met."""
+        buckets = self._buckets.get((group, priority), {})
+        keys = sorted(buckets, key=lambda k: (abs(k - centre), k))
+        for key in keys:
+            bucket = buckets[key]
+            if key * self._width > self.max_batch_tokens:
+                continue  # even one item of this bucket is over the budget with the head
+            for item in list(bucket):
+                if item.planned:
+                    continue
+                yield item
+            while bucket and bucket[0].planned:
+                bucket.popleft()
+            if not bucket:
+                del buckets[key]
+        if not buckets:
+            self._buckets.pop((group, priority), None)

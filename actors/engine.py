@@ -1,0 +1,226 @@
+"""The EngineActor: the only owner of the model. It tokenizes validated jobs, admits them
+under a queued-token bound, micro-batches their sequences with the BatchPlanner, runs each
+forward pass in its own thread (torch releases the GIL, so the event loop keeps taking and
+tokenizing requests meanwhile) and publishes the reply frames."""
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from actors.batch_planner import BatchPlanner, QueuedItem
+from actors.forward import run_batch
+from actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
+from actors.messages import Job
+from actors.model import LoadedModel
+from actors.replier import Replier
+from actors.runtime import Actor
+from actors.task_heads import TaskPlan, cosine_items, plan_task
+from actors.tokenizing import Tokenizing
+from schemas.errors import ErrorCode, PoolingError
+from schemas.tasks import TOKEN_LEVEL_TASKS, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    max_batch_tokens: int = 8192     # padded tokens (batch x longest) per forward pass
+    max_batch_size: int = 64
+    max_wait_ms: float = 2.0         # wait this long for more work when a batch is not full
+    max_queued_tokens: int = 262144  # admission bound; past it requests get `overloaded`
+
+
+@dataclass(eq=False)
+class InFlight:
+    """One admitted request: its plan, the outputs kept for its reply, and what is left."""
+
+    job: Job
+    plan: TaskPlan
+    style: ReplyStyle
+    remaining: int
+    outputs: dict[int, np.ndarray] = field(default_factory=dict)
+    failed: bool = False
+
+    @property
+    def keeps_outputs(self) -> bool:
+        # A one-message reply needs every item; a bi-encoder score needs both sides of a pair.
+        return not self.job.request.stream or self.plan.pairs is not None
+
+
+class EngineActor(Actor):
+    name = "engine"
+
+    def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
+                 mailbox_size: int = 4096) -> None:
+        super().__init__(mailbox_size)
+        self.model = model
+        self.limits = limits
+        self._replier = replier
+        self._tokenizing = Tokenizing(model.tokenizer, model.max_length)
+        self._planner = BatchPlanner(limits.max_batch_tokens, limits.max_batch_size)
+        self._arrived = asyncio.Event()
+        self._inflight: set[InFlight] = set()
+        # One thread owns the forward pass: the model is never used from two threads at once.
+        self._forward_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-forward")
+        self._tokens_per_s = 0.0  # drain rate, for `retry_after_ms`
+
+    @property
+    def backlog(self) -> int:
+        return super().backlog + len(self._inflight)
+
+    async def receive(self, job: Job) -> None:
+        try:
+            plan = plan_task(job.task, job.request, self.model, self._tokenizing)
+            self._admit(plan)
+        except PoolingError as err:
+            await self._replier.send_error(job.reply, job.request_id, err, job.fmt, job.headers)
+            return
+        request = job.request
+        style = ReplyStyle(job.fmt, request.encoding_format == "binary", request.embed_dtype)
+        flight = InFlight(job, plan, style, remaining=len(plan.sequences))
+        self._inflight.add(flight)
+        for i, seq in enumerate(plan.sequences):
+            self._planner.add(QueuedItem(tokens=len(seq), priority=request.priority,
+                                         deadline=job.deadline, group=plan.spec.forward,
+                                         payload=(flight, i)))
+        self._arrived.set()
+
+    def _admit(self, plan: TaskPlan) -> None:
+        tokens = sum(len(s) for s in plan.sequences)
+        queued = self._planner.queued_tokens
+        if queued and queued + tokens > self.limits.max_queued_tokens:
+            rate = self._tokens_per_s or 1000.0
+            raise PoolingError(ErrorCode.OVERLOADED,
+                               f"the worker has {queued} tokens queued (limit "
+                               f"{self.limits.max_queued_tokens}); retry later or add workers",
+                               retry_after_ms=max(1, int(1000 * queued / rate)))
+
+    async def on_failure(self, job: Job, exc: BaseException) -> None:
+        await self._replier.send_error(job.reply, job.request_id,
+                                       PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
+                                       job.fmt, job.headers)
+
+    def on_restart(self) -> None:
+        self._arrived.set()  # wake the batch loop in case work was queued before the crash
+
+    # ---- the batch loop (supervised separately from the mailbox loop) ----
+
+    async def batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wait_for_batch()
+            await self._drop_expired()
+            batch = self._planner.next_batch()
+            if not batch:
+                continue
+            seqs, specs = [], []
+            for item in batch:
+                flight, i = item.payload
+                seqs.append(flight.plan.sequences[i])
+                specs.append(flight.plan.spec)
+            started = time.perf_counter()
+            try:
+                outputs = await loop.run_in_executor(self._forward_thread, run_batch,
+                                                     self.model, seqs, specs)
+            except Exception as exc:
+                log.exception("forward pass failed for a batch of %d sequences", len(batch))
+                for flight in {item.payload[0] for item in batch}:
+                    await self._fail(flight, PoolingError(ErrorCode.INTERNAL,
+                                                          f"the forward pass failed: {exc!r}"))
+                continue
+            elapsed = time.perf_counter() - started
+            tokens = sum(len(s) for s in seqs)
+            rate = tokens / max(elapsed, 1e-6)
+            self._tokens_per_s = rate if not self._tokens_per_s else 0.8 * self._tokens_per_s + 0.2 * rate
+            for item, value in zip(batch, outputs):
+                flight, i = item.payload
+                await self._deliver(flight, i, value)
+
+    async def _wait_for_batch(self) -> None:
+        """Block until work is queued; then, while less than a batch's worth is queued, wait at
+        most max_wait_ms for more so that arrivals close together share a forward pass."""
+        while not len(self._planner):
+            self._arrived.clear()
+            await self._arrived.wait()
+        until = time.monotonic() + self.limits.max_wait_ms / 1000.0
+        while (len(self._planner) < self.limits.max_batch_size
+               and self._planner.queued_tokens < self.limits.max_batch_tokens):
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except asyncio.TimeoutError:
+                return
+
+    async def _drop_expired(self) -> None:
+        for item in self._planner.expired(time.monotonic()):
+            flight = item.payload[0]
+            if not flight.failed:
+                await self._fail(flight, PoolingError(
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"deadline_ms {flight.job.request.deadline_ms} passed before the work was computed"))
+
+    async def _fail(self, flight: InFlight, error: PoolingError) -> None:
+        if flight.failed:
+            return
+        flight.failed = True
+        self._planner.remove_where(lambda item: item.payload[0] is flight)
+        self._inflight.discard(flight)
+        job = flight.job
+        await self._replier.send_error(job.reply, job.request_id, error, job.fmt, job.headers)
+
+    async def _deliver(self, flight: InFlight, seq_index: int, value: np.ndarray) -> None:
+        if flight.failed:
+            return
+        job, plan = flight.job, flight.plan
+        if job.task is Task.SCORE and plan.pairs is None:
+            value = value.reshape(-1)[0]  # a cross-encoder's one label is the pair's score
+        flight.remaining -= 1
+        try:
+            if flight.keeps_outputs:
+                flight.outputs[seq_index] = value
+            elif job.reply:
+                await self._send_items(flight, [(seq_index, value)])
+            if flight.remaining == 0:
+                await self._finish(flight)
+        except PoolingError as err:
+            await self._fail(flight, err)
+
+    async def _send_items(self, flight: InFlight, items) -> None:
+        job = flight.job
+        token_level = job.task in TOKEN_LEVEL_TASKS
+        for index, value in items:
+            for body in item_frames(job.request_id, index, np.asarray(value), flight.style,
+                                    token_level, self._replier.max_payload, job.headers):
+                await self._replier.send(job.reply, body, job.headers)
+
+    async def _finish(self, flight: InFlight) -> None:
+        self._inflight.discard(flight)
+        job, plan = flight.job, flight.plan
+        if not job.reply:
+            return
+        if plan.pairs is not None:
+            items = list(enumerate(cosine_items(plan, flight.outputs)))
+        else:
+            items = sorted(flight.outputs.items())
+        labels = self.model.labels if job.task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None
+        warnings = list(job.warnings) or None
+        if job.request.stream:
+            await self._send_items(flight, items if flight.keeps_outputs else [])
+            body = done_frame(job.request_id, self.model.name, job.task.value, plan.prompt_tokens,
+                              flight.style, warnings, labels)
+        else:
+            wire = [wire_item(i, np.asarray(v), flight.style) for i, v in items]
+            body = one_reply(job.request_id, self.model.name, job.task.value, wire,
+                             plan.prompt_tokens, flight.style, self._replier.max_payload,
+                             job.headers, warnings, labels)
+        await self._replier.send(job.reply, body, job.headers)
+
+    async def close(self) -> None:
+        self._forward_thread.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,59 @@
+"""Publishing deprecation events, and the JetStream stream that keeps them for audit consumers
+that were not listening (PROTOCOL.md "Deprecation event")."""
+
+import logging
+
+import msgpack
+
+from schemas.events import DeprecationEvent
+
+log = logging.getLogger(__name__)
+
+EVENTS_MAX_AGE_S = 7 * 24 * 3600
+EVENTS_MAX_BYTES = 256 * 1024 * 1024
+
+
+def events_subject(prefix: str) -> str:
+    return f"{prefix}.events.deprecation"
+
+
+def events_stream_name(prefix: str) -> str:
+    return "POOLWIRE_EVENTS_" + prefix.upper().replace(".", "_")
+
+
+async def ensure_events_stream(nc, prefix: str) -> str | None:
+    """Reuse any stream that already captures `P.events.>`, else create ours. Returns the
+    stream's name, or None when the server has no JetStream (events are then core-NATS only)."""
+    from nats.js.api import StreamConfig
+    from nats.js.errors import NotFoundError
+
+    js = nc.jetstream()
+    try:
+        await js.account_info()
+    except Exception as exc:  # no JetStream on this server (or no permission to use it)
+        log.warning("JetStream is not available (%s): deprecation events are not stored", exc)
+        return None
+    try:
+        name = await js.find_stream_name_by_subject(events_subject(prefix))
+        log.info("deprecation events are kept by the existing stream %s", name)
+        return name
+    except NotFoundError:
+        pass
+    name = events_stream_name(prefix)
+    await js.add_stream(StreamConfig(name=name, subjects=[f"{prefix}.events.>"],
+                                     max_age=EVENTS_MAX_AGE_S, max_bytes=EVENTS_MAX_BYTES))
+    log.info("created stream %s for %s.events.>", name, prefix)
+    return name
+
+
+class EventPublisher:
+    """Publishes each event as MessagePack, whatever the request's encoding."""
+
+    def __init__(self, nc, prefix: str) -> None:
+        self._nc = nc
+        self.subject = events_subject(prefix)
+        self.published = 0
+
+    async def __call__(self, event: DeprecationEvent) -> None:
+        await self._nc.publish(self.subject, msgpack.packb(event.model_dump(), use_bin_type=True))
+        self.published += 1

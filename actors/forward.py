@@ -1,0 +1,80 @@
+"""The tensor work of one micro-batch, run in the engine's forward thread: pad, run the model,
+pool through `kernels`, and hand back one float32 array per sequence. No asyncio here."""
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+import kernels
+from actors.model import LoadedModel, ModelKind
+from actors.task_heads import Forward, PoolSpec
+from actors.tokenizing import TokenSeq
+
+
+def pad_batch(seqs: list[TokenSeq], pad_id: int):
+    """Right-padded ids, attention mask, segment ids and lengths for a batch of sequences."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    types = torch.zeros((len(seqs), width), dtype=torch.long)
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq.ids, dtype=torch.long)
+        if seq.type_ids is not None:
+            types[row, : len(seq)] = torch.tensor(seq.type_ids, dtype=torch.long)
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    return ids, mask, types, lengths
+
+
+def _split_rows(packed: torch.Tensor, lengths: torch.Tensor) -> list[np.ndarray]:
+    return [t.numpy() for t in torch.split(packed, lengths.tolist())]
+
+
+def _token_logits(model: LoadedModel, ids, mask, types) -> torch.Tensor:
+    """[B, T, labels]: a token classifier's own logits, or a sequence classifier's head
+    applied to every token's hidden state (vLLM's token_classify on a classifier model)."""
+    if model.kind == ModelKind.TOKEN_CLASSIFICATION:
+        return model.head_logits(ids, mask, types)
+    hidden = model.encoder_hidden(ids, mask, types)
+    return model.module.classifier(hidden)
+
+
+def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -> list[np.ndarray]:
+    """Outputs in sequence order: [D] vectors, [labels] scores, [] or [T, D] token rows."""
+    forward = specs[0].forward
+    if any(s.forward != forward for s in specs):
+        raise ValueError("a micro-batch must need one kind of forward pass")
+    pad_id = model.tokenizer.pad_token_id or 0
+    ids, mask, types, lengths = pad_batch(seqs, pad_id)
+    with torch.inference_mode():
+        if forward == Forward.HIDDEN:
+            out = model.encoder_hidden(ids, mask, types)         # [B, T, H]
+        elif forward == Forward.SEQ_LOGITS:
+            out = model.head_logits(ids, mask, types)            # [B, labels]
+        else:
+            out = _token_logits(model, ids, mask, types)        # [B, T, labels]
+        results: list[np.ndarray | None] = [None] * len(seqs)
+        groups: dict[PoolSpec, list[int]] = defaultdict(list)
+        for row, spec in enumerate(specs):
+            groups[spec].append(row)
+        for spec, rows in groups.items():
+            index = torch.tensor(rows)
+            part, part_len = out.index_select(0, index), lengths.index_select(0, index)
+            for row, value in zip(rows, _pool(spec, part, part_len)):
+                results[row] = value
+    return results  # type: ignore[return-value]
+
+
+def _pool(spec: PoolSpec, out: torch.Tensor, lengths: torch.Tensor) -> list[np.ndarray]:
+    if spec.forward == Forward.HIDDEN and not spec.token_level:
+        pooled = kernels.seq_pool(out, lengths, spec.method, normalize=spec.normalize,
+                                  dimensions=spec.dimensions)
+        return list(pooled.numpy())
+    if spec.forward == Forward.HIDDEN:
+        rows = kernels.token_pool(out, lengths, normalize=spec.normalize, dimensions=spec.dimensions)
+        return _split_rows(rows, lengths)
+    if spec.forward == Forward.SEQ_LOGITS:
+        scores = kernels.activation(out.float(), spec.activation)   # [B, labels]
+        return list(scores.numpy())
+    rows = kernels.token_pool(out, lengths)                           # [sum(T), labels]
+    return _split_rows(kernels.activation(rows, spec.activation), lengths)

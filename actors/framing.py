@@ -1,0 +1,135 @@
+"""Reply framing (pure): turns computed items into reply frames that each fit under the
+connection's max_payload, headers included (the server counts headers + body; nats-py checks
+only the body, and an oversized message resets the connection: NATS.md section 5)."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from schemas.codec import WireFormat, encode
+from schemas.errors import ErrorCode, PoolingError
+
+
+@dataclass(frozen=True)
+class ReplyStyle:
+    """How one request wants its items: the codec, float lists or raw bytes, and which dtype."""
+
+    fmt: WireFormat
+    binary: bool
+    dtype: str  # "float32" | "float16" | "bfloat16", used by binary only
+
+
+def header_bytes(headers: dict[str, str] | None) -> int:
+    """Bytes of a NATS header block: `NATS/1.0\\r\\n`, `K: V\\r\\n` per header, `\\r\\n`."""
+    if not headers:
+        return 0
+    return 10 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()) + 2
+
+
+def _bfloat16_bytes(values: np.ndarray) -> bytes:
+    # Round-to-nearest-even of the upper 16 bits of each float32 (how torch casts to bf16).
+    bits = values.astype("<f4").view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    return rounded.astype("<u2").tobytes()
+
+
+def wire_item(index: int, values: np.ndarray, style: ReplyStyle,
+              offset: int | None = None) -> dict[str, Any]:
+    """One item (or a slice of token rows) as PROTOCOL.md shapes it."""
+    item: dict[str, Any] = {"index": index}
+    if style.binary:
+        if style.dtype == "bfloat16":
+            raw = _bfloat16_bytes(values)
+        else:
+            raw = values.astype("<f2" if style.dtype == "float16" else "<f4").tobytes()
+        item.update(dtype=style.dtype, shape=list(values.shape), bytes=raw)
+    else:
+        item["data"] = values.item() if values.ndim == 0 else values.tolist()
+    if offset is not None:
+        item["offset"] = offset
+    return item
+
+
+def one_reply(request_id: str, model: str, task: str, items: list[dict[str, Any]],
+              prompt_tokens: int, style: ReplyStyle, max_payload: int,
+              headers: dict[str, str] | None = None, warnings: list[str] | None = None,
+              labels: list[str] | None = None) -> bytes:
+    """The whole answer as one message, or PoolingError(payload_too_large) if it cannot fit."""
+    frame: dict[str, Any] = {
+        "request_id": request_id, "model": model, "task": task, "data": items,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+    if labels:
+        frame["labels"] = labels
+    if warnings:
+        frame["warnings"] = warnings
+    body = encode(frame, style.fmt)
+    limit = max_payload - header_bytes(headers)
+    if len(body) > limit:
+        raise PoolingError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"the reply would be {len(body)} bytes, over this connection's max_payload of "
+            f"{max_payload}: send the request with \"stream\": true, or use "
+            f"\"encoding_format\": \"binary\" to shrink it")
+    return body
+
+
+def item_frames(request_id: str, index: int, values: np.ndarray, style: ReplyStyle,
+                token_level: bool, max_payload: int,
+                headers: dict[str, str] | None = None) -> list[bytes]:
+    """Streamed frames for one item. Token-level items always carry `offset` and are split into
+    as many frames of whole token rows as needed; any other item must fit in one frame."""
+    limit = max_payload - header_bytes(headers)
+
+    def frame(rows: np.ndarray, offset: int | None) -> bytes:
+        return encode({"request_id": request_id, **wire_item(index, rows, style, offset)}, style.fmt)
+
+    if not token_level:
+        body = frame(values, None)
+        if len(body) > limit:
+            raise PoolingError(ErrorCode.PAYLOAD_TOO_LARGE,
+                               f"item {index} needs {len(body)} bytes, over max_payload "
+                               f"{max_payload}; ask for fewer dimensions or binary encoding")
+        return [body]
+
+    frames: list[bytes] = []
+    total = values.shape[0]
+    offset = 0
+    rows_per_frame = total
+    while offset < total:
+        chunk = frame(values[offset:offset + rows_per_frame], offset)
+        if len(chunk) <= limit:
+            frames.append(chunk)
+            offset += rows_per_frame
+            continue
+        if rows_per_frame == 1:
+            raise PoolingError(ErrorCode.PAYLOAD_TOO_LARGE,
+                               f"one token row of item {index} needs {len(chunk)} bytes, over "
+                               f"max_payload {max_payload}; ask for fewer dimensions")
+        # Shrink in proportion to the overshoot, with a margin for per-row size variance
+        # (float lists in JSON vary in width).
+        rows_per_frame = max(1, min(rows_per_frame - 1, int(rows_per_frame * limit / len(chunk) * 0.95)))
+    return frames
+
+
+def done_frame(request_id: str, model: str, task: str, prompt_tokens: int, style: ReplyStyle,
+               warnings: list[str] | None = None, labels: list[str] | None = None) -> bytes:
+    frame: dict[str, Any] = {
+        "request_id": request_id, "done": True, "model": model, "task": task,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+    if labels:
+        frame["labels"] = labels
+    if warnings:
+        frame["warnings"] = warnings
+    return encode(frame, style.fmt)
+
+
+def error_frame(request_id: str, error: PoolingError, fmt: WireFormat) -> tuple[bytes, dict[str, str]]:
+    """The final error frame and its NATS service headers."""
+    body = encode({"request_id": request_id, "error": error.to_wire()}, fmt)
+    # Header values are single lines; keep them short enough to never crowd the payload limit.
+    message = " ".join(error.message.split())[:512]
+    headers = {"Nats-Service-Error": message, "Nats-Service-Error-Code": str(error.code.status)}
+    return body, headers

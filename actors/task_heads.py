@@ -1,0 +1,118 @@
+"""How each task becomes token sequences for the forward pass, and how the pooled outputs of
+those sequences become the reply's items. Values in, values out: the EngineActor does the I/O
+and the forward thread (`forward.py`) does the tensor work."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from actors.model import LoadedModel, ModelKind
+from actors.tokenizing import Tokenizing, TokenSeq, normalise_input
+from schemas.errors import invalid
+from schemas.requests import PoolingRequest
+from schemas.tasks import Task
+
+
+class Forward:
+    """Which forward pass a sequence needs; one micro-batch runs one of these."""
+
+    HIDDEN = "hidden"              # base encoder's last hidden states
+    SEQ_LOGITS = "seq_logits"      # the classifier head on the whole sequence
+    TOKEN_LOGITS = "token_logits"  # a classifier on every token
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What the forward thread does with one sequence's output. Sequences of one batch may
+    differ here (per-request options); the thread groups them."""
+
+    forward: str
+    token_level: bool = False        # one row per real token instead of one vector
+    method: str = "mean"             # seq pooling method (HIDDEN, not token_level)
+    normalize: bool = False
+    dimensions: int | None = None
+    activation: str = "none"         # "softmax" | "sigmoid" | "none" (logits)
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """A request's sequences, what to compute on each, and how outputs map to items."""
+
+    sequences: list[TokenSeq]
+    spec: PoolSpec
+    # Bi-encoder score: item j is the cosine of sequences pairs[j]; None maps sequence i -> item i.
+    pairs: list[tuple[int, int]] | None = None
+    # Tokens per item for `usage` (a pair counts both of its texts).
+    item_tokens: list[int] | None = None
+
+    @property
+    def n_items(self) -> int:
+        return len(self.pairs) if self.pairs is not None else len(self.sequences)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.item_tokens) if self.item_tokens is not None else sum(map(len, self.sequences))
+
+
+def _activation(model: LoadedModel, use_activation: bool | None) -> str:
+    return model.activation_kind if use_activation in (None, True) else "none"
+
+
+def _score_pairs(first, second) -> tuple[list[str], list[str]]:
+    """1 x N, N x 1 or N x N (zipped); anything else is an error naming both sizes."""
+    a = [first] if isinstance(first, str) else list(first)
+    b = [second] if isinstance(second, str) else list(second)
+    if len(a) == 1 and len(b) > 1:
+        a = a * len(b)
+    elif len(b) == 1 and len(a) > 1:
+        b = b * len(a)
+    elif len(a) != len(b):
+        raise invalid(f"text_1 has {len(a)} texts and text_2 has {len(b)}: send 1 x N, N x 1 or "
+                      f"N x N texts", field="text_2")
+    return a, b
+
+
+def score_uses_cross_encoder(model: LoadedModel) -> bool:
+    return model.kind == ModelKind.SEQUENCE_CLASSIFICATION and model.num_labels == 1
+
+
+def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
+              tokenizing: Tokenizing) -> TaskPlan:
+    """Tokenize a validated request and say what to compute; raises input_too_long."""
+    cut, side = request.truncate_prompt_tokens, request.truncation_side
+    if task is Task.SCORE:
+        first, second = _score_pairs(request.text_1, request.text_2)
+        if score_uses_cross_encoder(model):
+            seqs = tokenizing.pairs(first, second, cut, side)
+            return TaskPlan(seqs, PoolSpec(Forward.SEQ_LOGITS,
+                                           activation=_activation(model, request.use_activation)))
+        # Bi-encoder: embed each distinct text once, then the cosine of each pair.
+        texts = list(dict.fromkeys(first + second))
+        position = {t: i for i, t in enumerate(texts)}
+        seqs = tokenizing.texts(texts, cut, side)
+        pairs = [(position[x], position[y]) for x, y in zip(first, second)]
+        spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=True)
+        return TaskPlan(seqs, spec, pairs=pairs,
+                        item_tokens=[len(seqs[i]) + len(seqs[j]) for i, j in pairs])
+
+    texts, ids = normalise_input(request.input)
+    seqs = tokenizing.texts(texts, cut, side) if texts is not None else tokenizing.token_ids(ids, cut, side)
+    if task is Task.EMBED:
+        normalize = model.normalize_default if request.normalize is None else request.normalize
+        spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=normalize,
+                        dimensions=request.dimensions)
+    elif task is Task.TOKEN_EMBED:
+        spec = PoolSpec(Forward.HIDDEN, token_level=True, normalize=bool(request.normalize),
+                        dimensions=request.dimensions)
+    elif task is Task.CLASSIFY:
+        spec = PoolSpec(Forward.SEQ_LOGITS, activation=_activation(model, request.use_activation))
+    else:  # TOKEN_CLASSIFY
+        spec = PoolSpec(Forward.TOKEN_LOGITS, token_level=True,
+                        activation=_activation(model, request.use_activation))
+    return TaskPlan(seqs, spec)
+
+
+def cosine_items(plan: TaskPlan, outputs: dict[int, np.ndarray]) -> list[np.ndarray]:
+    """Bi-encoder scores from L2-normalised embeddings: the dot product of each pair."""
+    assert plan.pairs is not None
+    return [np.asarray(np.dot(outputs[i], outputs[j]), dtype=np.float32) for i, j in plan.pairs]

@@ -1,0 +1,82 @@
+"""The task policy of vLLM PR #37956 (PROTOCOL.md "Task policy"), as pure functions:
+which tasks a model supports, which one a deployment is configured for, and what happens to a
+request on each task. The ValidatorActor applies it; nothing else decides tasks."""
+
+from dataclasses import dataclass
+
+from schemas.tasks import Task, in_protocol_order
+
+# Supported tasks by model kind, as a table to read at a glance.
+#   base encoder / Sentence-Transformers : embed, token_embed, score (cosine of embeddings)
+#   *ForSequenceClassification           : classify, token_classify, + score if one label
+#   *ForTokenClassification              : token_classify
+_BY_KIND = {
+    "encoder": (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
+    "sequence_classification": (Task.CLASSIFY, Task.TOKEN_CLASSIFY),
+    "token_classification": (Task.TOKEN_CLASSIFY,),
+}
+
+# With no --task: the first of these that the model supports (after the token-classifier rule).
+_DEFAULT_PRIORITY = (Task.EMBED, Task.CLASSIFY, Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
+
+
+def supported_tasks(kind: str, num_labels: int = 0) -> list[Task]:
+    tasks = list(_BY_KIND[kind])
+    if kind == "sequence_classification" and num_labels == 1:
+        tasks.append(Task.SCORE)  # a one-label classifier is a cross-encoder
+    return in_protocol_order(tasks)
+
+
+class TaskConfigError(ValueError):
+    """Start-up fails: the asked task is not one the model can do."""
+
+
+def configured_task(architecture: str, supported: list[Task], asked: str | None) -> Task:
+    """`--task` if given and supported; else `*ForTokenClassification` gives token_classify;
+    else the first of embed, classify, token_embed, token_classify that the model supports."""
+    names = ", ".join(t.value for t in supported)
+    if asked is not None:
+        try:
+            task = Task(asked)
+        except ValueError:
+            raise TaskConfigError(f"--task {asked!r} is not a pooling task; this model "
+                                  f"({architecture}) supports: {names}") from None
+        if task not in supported:
+            raise TaskConfigError(f"--task {asked} is not supported by this model "
+                                  f"({architecture}); it supports: {names}")
+        return task
+    if architecture.endswith("ForTokenClassification"):
+        return Task.TOKEN_CLASSIFY
+    for task in _DEFAULT_PRIORITY:
+        if task in supported:
+            return task
+    raise TaskConfigError(f"model {architecture} supports no configurable pooling task")
+
+
+class Verdict:
+    SERVE = "serve"              # the configured task (or score computed with it)
+    DEPRECATED = "deprecated"    # supported, not configured, policy warn: serve with a warning
+    NOT_CONFIGURED = "not_configured"  # supported, not configured, policy reject
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True)
+class TaskPolicy:
+    configured: Task
+    supported: tuple[Task, ...]
+    multitask: str = "warn"  # "warn" | "reject"
+    score_with_configured: bool = False  # score is computed with the configured task
+
+    def judge(self, requested: Task | None) -> str:
+        if requested is None or requested not in self.supported:
+            return Verdict.UNSUPPORTED
+        if requested is self.configured or (requested is Task.SCORE and self.score_with_configured):
+            return Verdict.SERVE
+        return Verdict.DEPRECATED if self.multitask == "warn" else Verdict.NOT_CONFIGURED
+
+
+def score_uses_configured_task(kind: str, num_labels: int, configured: Task) -> bool:
+    """Score is cosine of embed vectors, or a one-label classify cross-encoder."""
+    if kind == "encoder":
+        return configured is Task.EMBED
+    return kind == "sequence_classification" and num_labels == 1 and configured is Task.CLASSIFY

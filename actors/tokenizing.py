@@ -1,0 +1,110 @@
+"""Turning request inputs into token sequences, with PROTOCOL.md's length rules: counts include
+special tokens, truncation keeps them, and an over-long input without truncation is an error."""
+
+from dataclasses import dataclass
+
+from schemas.errors import ErrorCode, PoolingError, invalid
+
+
+@dataclass(frozen=True)
+class TokenSeq:
+    ids: list[int]
+    type_ids: list[int] | None = None  # segment ids of a text pair (cross-encoder)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def truncation_limit(truncate_prompt_tokens: int | None, max_length: int) -> int | None:
+    """How many tokens to keep at most, or None when no truncation was asked.
+    Range errors are the validator's job (check_truncation); this only maps -1 to the max."""
+    if truncate_prompt_tokens is None:
+        return None
+    return max_length if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+
+
+def check_truncation(truncate_prompt_tokens: int | None, max_length: int) -> None:
+    if truncate_prompt_tokens is None or truncate_prompt_tokens == -1:
+        return
+    if not 1 <= truncate_prompt_tokens <= max_length:
+        raise invalid(f"truncate_prompt_tokens must be -1 or between 1 and the model's maximum "
+                      f"length {max_length}, got {truncate_prompt_tokens}",
+                      field="truncate_prompt_tokens")
+
+
+def normalise_input(value) -> tuple[list[str] | None, list[list[int]] | None]:
+    """`input` as either a list of texts or a list of token-id lists."""
+    if isinstance(value, str):
+        return [value], None
+    if value and isinstance(value[0], str):
+        return list(value), None
+    if value and isinstance(value[0], int):
+        return None, [list(value)]
+    return None, [list(v) for v in value]
+
+
+def _too_long(index: int, length: int, max_length: int) -> PoolingError:
+    return PoolingError(ErrorCode.INPUT_TOO_LONG,
+                        f"input {index} has {length} tokens, over the model's maximum of "
+                        f"{max_length}; shorten it or set truncate_prompt_tokens (-1 truncates "
+                        f"to the maximum)", max_tokens=max_length, index=index)
+
+
+def _cut(ids: list[int], keep: int, side: str) -> list[int]:
+    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+
+
+class Tokenizing:
+    """Wraps one Hugging Face tokenizer; used from one thread at a time (it sets the
+    truncation side on the shared tokenizer per call)."""
+
+    def __init__(self, tokenizer, max_length: int) -> None:
+        self._tok = tokenizer
+        self.max_length = max_length
+
+    def texts(self, texts: list[str], truncate: int | None, side: str) -> list[TokenSeq]:
+        limit = truncation_limit(truncate, self.max_length)
+        ids = self._encode(texts, limit, side)
+        return [TokenSeq(seq) for seq in ids]
+
+    def token_ids(self, sequences: list[list[int]], truncate: int | None, side: str) -> list[TokenSeq]:
+        """Token ids are used as given: no special tokens are added, and a cut is a plain cut."""
+        limit = truncation_limit(truncate, self.max_length)
+        vocab = len(self._tok)
+        out = []
+        for i, seq in enumerate(sequences):
+            if max(seq) >= vocab:
+                raise invalid(f"input {i} has token id {max(seq)}, outside the vocabulary of "
+                              f"{vocab} ids", field="input")
+            if limit is not None and len(seq) > limit:
+                seq = _cut(seq, limit, side)
+            elif limit is None and len(seq) > self.max_length:
+                raise _too_long(i, len(seq), self.max_length)
+            out.append(TokenSeq(seq))
+        return out
+
+    def pairs(self, first: list[str], second: list[str], truncate: int | None,
+              side: str) -> list[TokenSeq]:
+        """Text pairs as a cross-encoder sees them: one sequence with segment ids."""
+        limit = truncation_limit(truncate, self.max_length)
+        self._tok.truncation_side = side
+        enc = self._tok(first, second, add_special_tokens=True, truncation=limit is not None,
+                        max_length=limit, return_token_type_ids=True)
+        out = []
+        for i, (ids, types) in enumerate(zip(enc["input_ids"], enc["token_type_ids"])):
+            if limit is None and len(ids) > self.max_length:
+                raise _too_long(i, len(ids), self.max_length)
+            out.append(TokenSeq(ids, types))
+        return out
+
+    def _encode(self, texts, limit, side) -> list[list[int]]:
+        self._tok.truncation_side = side
+        enc = self._tok(texts, add_special_tokens=True, truncation=limit is not None,
+                        max_length=limit, return_attention_mask=False,
+                        return_token_type_ids=False)
+        ids = enc["input_ids"]
+        if limit is None:
+            for i, seq in enumerate(ids):
+                if len(seq) > self.max_length:
+                    raise _too_long(i, len(seq), self.max_length)
+        return ids

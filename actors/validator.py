@@ -1,0 +1,127 @@
+"""The ValidatorActor: the one place that decides tasks. It applies the TaskPolicy, validates
+the request's fields against the task and the model, publishes deprecation events, and hands
+valid jobs to the engine."""
+
+import logging
+from dataclasses import dataclass
+
+from actors.messages import Incoming, Job
+from actors.replier import Replier
+from actors.runtime import Actor, MailboxFull
+from actors.task_policy import TaskPolicy, Verdict
+from actors.tokenizing import check_truncation
+from schemas.errors import ErrorCode, PoolingError, invalid
+from schemas.events import DeprecationEvent, utc_now_rfc3339
+from schemas.requests import PoolingRequest, parse_request
+from schemas.tasks import Task, parse_task
+
+log = logging.getLogger(__name__)
+
+DEPRECATION_HEADER = "Pooling-Deprecation"
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the validator needs to know of the model to range-check fields."""
+
+    name: str
+    max_length: int
+    embedding_size: int
+
+
+def check_against_model(task: Task, request: PoolingRequest, limits: ModelLimits) -> None:
+    check_truncation(request.truncate_prompt_tokens, limits.max_length)
+    if request.dimensions is not None and request.dimensions > limits.embedding_size:
+        raise invalid(f"dimensions {request.dimensions} is larger than the embedding size "
+                      f"{limits.embedding_size} of {limits.name}", field="dimensions")
+
+
+def deprecation_message(requested: Task, configured: Task) -> str:
+    return (f"serving task '{requested}' from a deployment configured for '{configured}' is "
+            f"deprecated (vLLM PR #37956) and will be refused once multi-task serving is removed")
+
+
+class ValidatorActor(Actor):
+    name = "validator"
+
+    def __init__(self, policy: TaskPolicy, limits: ModelLimits, engine: Actor, replier: Replier,
+                 events, worker_id: str, mailbox_size: int = 4096) -> None:
+        super().__init__(mailbox_size)
+        self.policy = policy
+        self.limits = limits
+        self._engine = engine
+        self._replier = replier
+        self._events = events  # async callable(DeprecationEvent), or None
+        self._worker_id = worker_id
+        self._logged: set[Task] = set()
+
+    def _supported_names(self) -> list[str]:
+        return [t.value for t in self.policy.supported]
+
+    def _task_error(self, requested: str, verdict: str) -> PoolingError:
+        supported = self._supported_names()
+        if verdict == Verdict.UNSUPPORTED:
+            return PoolingError(ErrorCode.UNSUPPORTED_TASK,
+                                f"task {requested!r} is not supported by {self.limits.name}; "
+                                f"supported tasks: {', '.join(supported)}",
+                                supported_tasks=supported)
+        configured = self.policy.configured.value
+        return PoolingError(ErrorCode.TASK_NOT_CONFIGURED,
+                            f"task {requested!r} is supported by {self.limits.name} but this "
+                            f"worker serves only {configured!r} (multi-task serving is "
+                            f"deprecated); start a worker with --task {requested}",
+                            configured_task=configured, supported_tasks=supported)
+
+    async def receive(self, incoming: Incoming) -> None:
+        try:
+            job = self._validate(incoming)
+        except PoolingError as err:
+            await self._replier.send_error(incoming.reply, incoming.request_id, err, incoming.fmt)
+            return
+        try:
+            self._engine.tell(job)
+        except MailboxFull:
+            await self._replier.send_error(
+                job.reply, job.request_id,
+                PoolingError(ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later",
+                             retry_after_ms=100), job.fmt, job.headers)
+            return
+        if job.warnings:
+            await self._publish_deprecation(job)
+
+    def _validate(self, incoming: Incoming) -> Job:
+        task = parse_task(incoming.task_name)
+        verdict = self.policy.judge(task)
+        if verdict in (Verdict.UNSUPPORTED, Verdict.NOT_CONFIGURED):
+            raise self._task_error(incoming.task_name, verdict)
+        request = parse_request(task, incoming.body)
+        check_against_model(task, request, self.limits)
+        warnings, headers = (), None
+        if verdict == Verdict.DEPRECATED:
+            warnings = (deprecation_message(task, self.policy.configured),)
+            headers = {DEPRECATION_HEADER: self.policy.configured.value}
+        return Job(request=request, task=task, reply=incoming.reply, fmt=incoming.fmt,
+                   request_id=incoming.request_id, received_at=incoming.received_at,
+                   warnings=warnings, headers=headers)
+
+    async def _publish_deprecation(self, job: Job) -> None:
+        configured = self.policy.configured
+        if job.task not in self._logged:
+            self._logged.add(job.task)
+            log.warning("%s Start a worker with --task %s to serve it. (Logged once per task; "
+                        "every such request publishes an event.)", job.warnings[0], job.task)
+        if self._events is None:
+            return
+        event = DeprecationEvent(
+            time=utc_now_rfc3339(), model=self.limits.name, worker=self._worker_id,
+            request_id=job.request_id, requested_task=job.task.value,
+            configured_task=configured.value, supported_tasks=self._supported_names(),
+            message=job.warnings[0],
+            hint=f"start a worker for this task: poolwire serve --task {job.task} "
+                 f"(or POOLWIRE_TASK={job.task})")
+        await self._events(event)
+
+    async def on_failure(self, incoming: Incoming, exc: BaseException) -> None:
+        await self._replier.send_error(incoming.reply, incoming.request_id,
+                                       PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
+                                       incoming.fmt)

@@ -1,0 +1,100 @@
+"""One worker process: a NATS connection and the actor graph of DESIGN.md, with an orderly
+start and drain."""
+
+import asyncio
+import logging
+import socket
+import time
+import uuid
+
+import nats
+
+from actors.engine import EngineActor, EngineLimits
+from actors.events import EventPublisher, ensure_events_stream
+from actors.ingest import IngestActor
+from actors.model import LoadedModel
+from actors.replier import Replier
+from actors.runtime import Supervisor
+from actors.settings import WorkerSettings
+from actors.task_policy import TaskPolicy, configured_task, score_uses_configured_task, supported_tasks
+from actors.validator import ModelLimits, ValidatorActor
+
+log = logging.getLogger(__name__)
+
+
+def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
+    """Settle the configured task at start; raises TaskConfigError listing supported tasks."""
+    supported = supported_tasks(model.kind, model.num_labels)
+    configured = configured_task(model.architecture, supported, settings.task)
+    return TaskPolicy(configured=configured, supported=tuple(supported),
+                      multitask=settings.multitask,
+                      score_with_configured=score_uses_configured_task(
+                          model.kind, model.num_labels, configured))
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, model: LoadedModel) -> None:
+        self.settings = settings
+        self.model = model
+        self.policy = task_policy_for(model, settings)  # fails fast, before connecting
+        self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.nc = None
+        self.supervisor = Supervisor()
+        self.ingest: IngestActor | None = None
+        self.validator: ValidatorActor | None = None
+        self.engine: EngineActor | None = None
+        self.events: EventPublisher | None = None
+
+    async def start(self, url: str) -> None:
+        s = self.settings
+        self.nc = await nats.connect(url, name=f"poolwire-{self.worker_id}",
+                                     max_reconnect_attempts=-1)
+        replier = Replier(self.nc)
+        await ensure_events_stream(self.nc, s.prefix)
+        self.events = EventPublisher(self.nc, s.prefix)
+        self.engine = EngineActor(self.model, replier, EngineLimits(
+            max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
+            max_wait_ms=s.max_wait_ms, max_queued_tokens=s.max_queued_tokens))
+        self.validator = ValidatorActor(
+            self.policy, ModelLimits(self.model.name, self.model.max_length, self.model.hidden_size),
+            self.engine, replier, self.events, self.worker_id)
+        self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier)
+        for actor in (self.engine, self.validator, self.ingest):
+            self.supervisor.start_actor(actor)
+        self.supervisor.start_loop("engine-batches", self.engine.batch_loop,
+                                   on_restart=self.engine.on_restart)
+        await self.ingest.subscribe()
+        await self.nc.flush()  # subscriptions reach the server before we say we are ready
+        log.info("serving %s (task %s, supported %s, multitask %s) on %s.* queue %s",
+                 self.model.name, self.policy.configured,
+                 ", ".join(t.value for t in self.policy.supported), s.multitask, s.prefix, s.queue)
+
+    @property
+    def backlog(self) -> int:
+        return sum(a.backlog for a in (self.ingest, self.validator, self.engine) if a is not None)
+
+    async def stop(self) -> None:
+        """Drain: stop intake, answer everything in flight (up to drain_timeout_s), then close."""
+        if self.nc is None:
+            return
+        if self.ingest is not None:
+            await self.ingest.stop_intake()
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while self.backlog and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self.backlog:
+            log.warning("drain timed out with %d messages still in flight", self.backlog)
+        await self.supervisor.stop()
+        if self.engine is not None:
+            await self.engine.close()
+        if self.nc.is_connected:
+            await self.nc.drain()
+        else:
+            await self.nc.close()
+        self.nc = None
+
+    async def __aenter__(self) -> "Worker":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()

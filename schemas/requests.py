@@ -1,0 +1,118 @@
+"""The pooling request of PROTOCOL.md and its validation, in the protocol's error order:
+unknown key, then a field not valid for the task, then types, then ranges."""
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from schemas.errors import invalid
+from schemas.tasks import Task
+
+TextOrTexts = Union[StrictStr, list[StrictStr]]
+# Token ids are used as given; ids are non-negative.
+TokenId = Annotated[StrictInt, Field(ge=0)]
+PoolingInput = Union[StrictStr, list[StrictStr], list[TokenId], list[list[TokenId]]]
+
+
+class PoolingRequest(BaseModel):
+    """One request, as sent on `P.<task>` (MessagePack or JSON map)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: PoolingInput | None = Field(
+        None, description="texts, or token ids used as given (no special tokens added)")
+    text_1: TextOrTexts | None = Field(None, description="score: first texts of the pairs")
+    text_2: TextOrTexts | None = Field(None, description="score: second texts of the pairs")
+    request_id: StrictStr | None = Field(None, description="echoed in every reply frame")
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="Matryoshka: keep the first d dimensions, then normalise if asked")
+    normalize: StrictBool | None = Field(None, description="L2-normalise the output vectors")
+    use_activation: StrictBool | None = Field(
+        None, description="apply softmax/sigmoid to classifier logits (default true)")
+    truncate_prompt_tokens: StrictInt | None = Field(
+        None, description="-1: truncate to the model maximum; k>0: keep at most k tokens")
+    truncation_side: Literal["right", "left"] = Field("right", description="which end is cut")
+    encoding_format: Literal["float", "binary"] = Field("float", description="item encoding")
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="element type in binary encoding")
+    stream: StrictBool = Field(False, description="reply as item frames and one final frame")
+    deadline_ms: Annotated[StrictInt, Field(gt=0)] | None = Field(
+        None, description="drop work still queued this many ms after the worker received it")
+    priority: StrictInt = Field(0, description="lower runs first among queued work")
+
+
+COMMON_FIELDS = frozenset({
+    "request_id", "truncate_prompt_tokens", "truncation_side", "encoding_format",
+    "embed_dtype", "stream", "deadline_ms", "priority",
+})
+
+# Which keys each task accepts besides COMMON_FIELDS, and which of them it requires.
+TASK_FIELDS: dict[Task, frozenset[str]] = {
+    Task.EMBED: frozenset({"input", "dimensions", "normalize"}),
+    Task.TOKEN_EMBED: frozenset({"input", "dimensions", "normalize"}),
+    Task.CLASSIFY: frozenset({"input", "use_activation"}),
+    Task.TOKEN_CLASSIFY: frozenset({"input", "use_activation"}),
+    Task.SCORE: frozenset({"text_1", "text_2", "use_activation"}),
+}
+REQUIRED_FIELDS: dict[Task, tuple[str, ...]] = {
+    Task.EMBED: ("input",),
+    Task.TOKEN_EMBED: ("input",),
+    Task.CLASSIFY: ("input",),
+    Task.TOKEN_CLASSIFY: ("input",),
+    Task.SCORE: ("text_1", "text_2"),
+}
+ALL_FIELDS = frozenset(PoolingRequest.model_fields)
+
+
+def request_id_of(body: Any) -> str | None:
+    """The client's request_id when the body carries a usable one (for error replies)."""
+    if isinstance(body, dict):
+        rid = body.get("request_id")
+        if isinstance(rid, str) and rid:
+            return rid
+    return None
+
+
+def parse_request(task: Task, body: dict[str, Any]) -> PoolingRequest:
+    """Validate a decoded body for `task`; raises PoolingError(invalid_request) naming the field."""
+    present = {k: v for k, v in body.items() if v is not None}  # null counts as absent
+    for key in present:
+        if not isinstance(key, str) or key not in ALL_FIELDS:
+            raise invalid(f"unknown key {key!r}; valid keys for {task}: "
+                          f"{sorted(TASK_FIELDS[task] | COMMON_FIELDS)}", field=str(key))
+    allowed = TASK_FIELDS[task] | COMMON_FIELDS
+    for key in present:
+        if key not in allowed:
+            raise invalid(f"{key!r} is not valid for task {task}", field=key)
+    for key in REQUIRED_FIELDS[task]:
+        if key not in present:
+            raise invalid(f"{key!r} is required for task {task}", field=key)
+    try:
+        request = PoolingRequest.model_validate(present)
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+    _check_not_empty(request)
+    return request
+
+
+def _first_error(exc: ValidationError):
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err["loc"] else None
+    value = err.get("input")
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    return invalid(f"{field}: {err['msg']} (got {shown})", field=field)
+
+
+def _is_empty(value: Any) -> bool:
+    if isinstance(value, str):
+        return value == ""
+    if isinstance(value, list):
+        return len(value) == 0 or any(_is_empty(v) for v in value if isinstance(v, (str, list)))
+    return False
+
+
+def _check_not_empty(request: PoolingRequest) -> None:
+    for name in ("input", "text_1", "text_2"):
+        value = getattr(request, name)
+        if value is not None and _is_empty(value):
+            raise invalid(f"{name} is empty or holds an empty text/token list", field=name)

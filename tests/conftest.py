@@ -1,0 +1,73 @@
+"""Shared fixtures: a real nats-server per test session, the bundled MiniLM, and workers on a
+fresh subject prefix per test."""
+
+import os
+
+# Before anything imports `kernels`: its Triton kernels are decorated for the interpreter, so
+# every pooling call in the tests runs the real Triton kernel on CPU (DESIGN.md "Kernels").
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import contextlib  # noqa: E402
+import itertools  # noqa: E402
+import random  # noqa: E402
+
+import nats  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from actors.model import bundled_model_dir, load_model  # noqa: E402
+from actors.nats_server import NatsServer  # noqa: E402
+from actors.settings import WorkerSettings  # noqa: E402
+from actors.worker import Worker  # noqa: E402
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def nats_server():
+    with NatsServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    return load_model(bundled_model_dir())
+
+
+@pytest.fixture
+def prefix():
+    """A fresh subject prefix per test, so tests never see each other's traffic."""
+    return f"t{next(_prefixes)}.pooling"
+
+
+@pytest.fixture
+async def nc(nats_server):
+    conn = await nats.connect(nats_server.url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def start_worker(nats_server, prefix):
+    """`async with start_worker(model, task=..., ...) as worker:` on this test's prefix."""
+
+    @contextlib.asynccontextmanager
+    async def _start(model, url=None, **settings):
+        worker = Worker(WorkerSettings(prefix=prefix, **settings), model)
+        await worker.start(url or nats_server.url)
+        try:
+            yield worker
+        finally:
+            await worker.stop()
+
+    return _start
