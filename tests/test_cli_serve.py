@@ -1,0 +1,69 @@
+"""`poolwire serve` as a user runs it: embedded nats-server, bundled model, Ctrl-C drains."""
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import msgpack
+import nats
+import pytest
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+async def read_until(stream, pattern: str, timeout: float = 120) -> re.Match:
+    seen = []
+    while True:
+        line = await asyncio.wait_for(stream.readline(), timeout)
+        if not line:
+            raise AssertionError(f"poolwire exited before printing {pattern!r}:\n{''.join(seen)}")
+        seen.append(line.decode())
+        if m := re.search(pattern, seen[-1]):
+            return m
+
+
+async def test_serve_embedded_answers_then_drains_in_flight_requests_on_sigint(tmp_path):
+    env = {**os.environ, "POOLWIRE_STATE_DIR": str(tmp_path), "POOLWIRE_PREFIX": "cli.pooling"}
+    env.pop("NATS_URL", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "actors.cli", "serve", "--nats-port", "-1",
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = (await read_until(proc.stdout, r"embedded nats-server \(JetStream\) at (\S+)")).group(1)
+        await read_until(proc.stdout, r"configured task embed; supported tasks embed, token_embed, score")
+        nc = await nats.connect(url)
+        try:
+            reply = await nc.request("cli.pooling.embed", b'{"input": "hello"}', timeout=30)
+            assert len(json.loads(reply.data)["data"][0]["data"]) == 384
+            # Requests in flight when Ctrl-C arrives are still answered.
+            pending = [asyncio.ensure_future(nc.request(
+                "cli.pooling.embed", msgpack.packb({"input": [f"text {i}"] * 8}), timeout=60))
+                for i in range(20)]
+            await nc.flush()
+            proc.send_signal(signal.SIGINT)
+            replies = await asyncio.gather(*pending)
+            assert all(len(msgpack.unpackb(r.data)["data"]) == 8 for r in replies)
+        finally:
+            await nc.close()
+        await read_until(proc.stdout, r"poolwire: stopped")
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        # The embedded server was stopped with the worker: nothing listens at its URL.
+        host, port = url.removeprefix("nats://").split(":")
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection(host, int(port))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_a_task_the_model_cannot_do_fails_start_up_listing_supported_tasks(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--task", "classify",
+                          "--nats-port", "-1", "--state-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "supports: embed, token_embed, score" in out.stderr

@@ -1,0 +1,75 @@
+"""The codec on its own: round trips, both encodings, and hostile bytes."""
+
+import base64
+import json
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from schemas.codec import WireFormat, decode, encode, sniff_format
+from schemas.errors import ErrorCode, PoolingError
+
+
+def test_msgpack_round_trip_packs_floats_as_float32():
+    body = encode({"request_id": "r", "data": [0.1, 2.5]}, WireFormat.MSGPACK)
+    # 0xca is MessagePack's float 32 marker; 0xcb (float 64) must not appear.
+    assert body.count(b"\xca") == 2 and b"\xcb" not in body
+    value, fmt = decode(body)
+    assert fmt is WireFormat.MSGPACK
+    assert value["data"] == pytest.approx([np.float32(0.1), 2.5])
+
+
+def test_json_body_is_sniffed_after_white_space_and_replies_in_json():
+    value, fmt = decode(b'  \n {"input": "hello"}')
+    assert (value, fmt) == ({"input": "hello"}, WireFormat.JSON)
+    out = encode({"bytes": b"\x00\x01"}, WireFormat.JSON)
+    assert json.loads(out) == {"bytes": base64.b64encode(b"\x00\x01").decode()}
+
+
+def test_sniff_format_only_looks_at_the_first_non_blank_byte():
+    assert sniff_format(b"\t{") is WireFormat.JSON
+    assert sniff_format(msgpack.packb({"{": 1})) is WireFormat.MSGPACK
+
+
+@pytest.mark.parametrize("body, expected", [
+    (b"", "empty body"),
+    (b"   ", "empty body"),
+    (b"\xc1", "undecodable msgpack"),
+    (b"{not json", "undecodable json"),
+    (msgpack.packb([1, 2]), "must be a map, got a list"),
+    (b'{"a": 1} trailing', "undecodable json"),
+    (msgpack.packb({"a": 1}) + b"\x00", "undecodable msgpack"),
+    (msgpack.packb({1: "int key"}), "undecodable msgpack"),
+    (b"\x81\xa1a\xc4\x02\xff", "undecodable msgpack"),  # truncated bin value
+    (b"\xa3\xff\xfe\xfd", "undecodable msgpack"),       # a str that is not UTF-8
+])
+def test_undecodable_bodies_are_invalid_request(body, expected):
+    with pytest.raises(PoolingError) as info:
+        decode(body)
+    assert info.value.code is ErrorCode.INVALID_REQUEST
+    assert expected in info.value.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_hostile_bytes_decode_to_a_map_or_a_clear_error(body):
+    try:
+        value, _ = decode(body)
+    except PoolingError as err:
+        assert err.code is ErrorCode.INVALID_REQUEST and err.message
+    else:
+        assert isinstance(value, dict)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**31, 2**31) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=5), st.sampled_from(list(WireFormat)))
+def test_round_trip_of_maps_in_both_encodings(frame, fmt):
+    assert decode(encode(frame, fmt)) == (frame, fmt)

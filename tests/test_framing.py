@@ -1,0 +1,92 @@
+"""Reply framing: one-message replies under max_payload, streamed frames split by token rows."""
+
+import msgpack
+import numpy as np
+import pytest
+
+from actors.framing import (ReplyStyle, done_frame, error_frame, header_bytes, item_frames,
+                            one_reply, wire_item)
+from schemas.codec import WireFormat, decode
+from schemas.errors import ErrorCode, PoolingError
+from schemas.replies import DoneFrame, ErrorFrame, OneReply, StreamItemFrame
+
+FLOAT = ReplyStyle(WireFormat.MSGPACK, binary=False, dtype="float32")
+
+
+def test_header_bytes_matches_the_nats_header_block():
+    block = b"NATS/1.0\r\nPooling-Deprecation: embed\r\n\r\n"
+    assert header_bytes({"Pooling-Deprecation": "embed"}) == len(block)
+    assert header_bytes(None) == 0
+
+
+def test_one_reply_validates_against_the_schema():
+    items = [wire_item(i, np.ones(4, np.float32) * i, FLOAT) for i in range(3)]
+    body = one_reply("r1", "m", "embed", items, 12, FLOAT, 1 << 20, warnings=["w"])
+    frame, _ = decode(body)
+    reply = OneReply.model_validate(frame)
+    assert reply.usage.total_tokens == 12 and reply.data[2].data == [2.0] * 4
+
+
+def test_one_reply_over_max_payload_is_payload_too_large_naming_stream_and_binary():
+    items = [wire_item(0, np.zeros(4096, np.float32), FLOAT)]
+    with pytest.raises(PoolingError) as info:
+        one_reply("r", "m", "embed", items, 1, FLOAT, max_payload=8192)
+    assert info.value.code is ErrorCode.PAYLOAD_TOO_LARGE
+    assert "stream" in info.value.message and "binary" in info.value.message
+
+
+@pytest.mark.parametrize("fmt", list(WireFormat))
+@pytest.mark.parametrize("binary", [False, True])
+def test_token_rows_split_into_frames_under_the_limit_with_offsets(fmt, binary):
+    style = ReplyStyle(fmt, binary, "float16")
+    rows = np.random.default_rng(0).standard_normal((300, 64)).astype(np.float32)
+    headers = {"Pooling-Deprecation": "embed"}
+    limit = 16 * 1024
+    frames = item_frames("req", 3, rows, style, token_level=True, max_payload=limit, headers=headers)
+    assert len(frames) > 1
+    got, next_offset = [], 0
+    for body in frames:
+        assert len(body) + header_bytes(headers) <= limit
+        frame, _ = decode(body)
+        StreamItemFrame.model_validate(frame)
+        assert frame["index"] == 3 and frame["offset"] == next_offset
+        if binary:
+            raw = frame["bytes"] if fmt is WireFormat.MSGPACK else __import__("base64").b64decode(frame["bytes"])
+            part = np.frombuffer(raw, "<f2").reshape(frame["shape"])
+        else:
+            part = np.asarray(frame["data"])
+        next_offset += part.shape[0]
+        got.append(part)
+    assert next_offset == 300
+    atol = 1e-2 if binary else 1e-6
+    np.testing.assert_allclose(np.concatenate(got).astype(np.float32), rows, atol=atol, rtol=1e-3)
+
+
+def test_token_item_that_fits_is_one_frame_with_offset_zero():
+    frames = item_frames("r", 0, np.ones((3, 4), np.float32), FLOAT, True, 1 << 20)
+    assert [msgpack.unpackb(f)["offset"] for f in frames] == [0]
+
+
+def test_a_vector_item_never_carries_offset_and_must_fit():
+    (body,) = item_frames("r", 1, np.ones(4, np.float32), FLOAT, False, 1 << 20)
+    assert "offset" not in msgpack.unpackb(body)
+    with pytest.raises(PoolingError):
+        item_frames("r", 1, np.ones(4096, np.float32), FLOAT, False, 4096)
+
+
+def test_bfloat16_binary_rounds_like_torch():
+    import torch
+
+    values = np.array([1.0, 1.00390625, 3.14159, -2.5e-3, 65504.0], np.float32)
+    item = wire_item(0, values, ReplyStyle(WireFormat.MSGPACK, True, "bfloat16"))
+    expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    assert item["bytes"] == expected and item["shape"] == [5] and item["dtype"] == "bfloat16"
+
+
+def test_done_and_error_frames_follow_the_schema():
+    DoneFrame.model_validate(decode(done_frame("r", "m", "embed", 5, FLOAT))[0])
+    body, headers = error_frame("r", PoolingError(ErrorCode.OVERLOADED, "full\nnow", retry_after_ms=5),
+                                WireFormat.JSON)
+    frame = ErrorFrame.model_validate(decode(body)[0])
+    assert frame.error.code == "overloaded" and frame.error.retry_after_ms == 5
+    assert headers == {"Nats-Service-Error": "full now", "Nats-Service-Error-Code": "503"}

@@ -1,0 +1,74 @@
+"""Request validation: strict types, task applicability and PROTOCOL.md's error order."""
+
+import pytest
+
+from schemas.errors import ErrorCode, PoolingError
+from schemas.requests import parse_request, request_id_of
+from schemas.tasks import Task
+
+
+def error_of(task, body) -> PoolingError:
+    with pytest.raises(PoolingError) as info:
+        parse_request(task, body)
+    assert info.value.code is ErrorCode.INVALID_REQUEST
+    return info.value
+
+
+@pytest.mark.parametrize("value", ["hi", ["a", "b"], [101, 7592, 102], [[101, 102], [101, 5, 102]]])
+def test_every_input_form_is_accepted(value):
+    assert parse_request(Task.EMBED, {"input": value}).input == value
+
+
+def test_defaults_and_null_counts_as_absent():
+    req = parse_request(Task.EMBED, {"input": "x", "dimensions": None, "request_id": None})
+    assert (req.dimensions, req.request_id, req.encoding_format, req.stream, req.priority) == \
+        (None, None, "float", False, 0)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"input": "x", "dimension": 3}, "dimension"),                 # typo: unknown key
+    ({"input": "x", "use_activation": True}, "use_activation"),    # not valid for embed
+    ({"input": "x", "dimensions": 3.0}, "dimensions"),             # float where int expected
+    ({"input": "x", "dimensions": True}, "dimensions"),            # bool where int expected
+    ({"input": "x", "dimensions": 0}, "dimensions"),               # range
+    ({"input": "x", "normalize": 1}, "normalize"),                 # int where bool expected
+    ({"input": "x", "deadline_ms": 0}, "deadline_ms"),
+    ({"input": "x", "truncation_side": "middle"}, "truncation_side"),
+    ({"input": "x", "encoding_format": "base64"}, "encoding_format"),
+    ({"input": "x", "embed_dtype": "int8"}, "embed_dtype"),
+    ({"input": 5}, "input"),
+    ({"input": [1, "a"]}, "input"),
+    ({"input": [-1]}, "input"),
+    ({"input": ""}, "input"),
+    ({"input": []}, "input"),
+    ({"input": [""]}, "input"),
+    ({"input": [[]]}, "input"),
+    ({}, "input"),                                                  # required
+    ({"input": "x", "stream": "yes"}, "stream"),
+])
+def test_bad_fields_name_the_field(body, field):
+    assert error_of(Task.EMBED, body).extra["field"] == field
+
+
+def test_unknown_key_comes_before_type_errors():
+    err = error_of(Task.EMBED, {"input": 5, "bogus": 1})
+    assert err.extra["field"] == "bogus"
+
+
+def test_field_not_valid_for_task_comes_before_type_errors():
+    err = error_of(Task.CLASSIFY, {"input": 5, "dimensions": "x"})
+    assert err.extra["field"] == "dimensions" and "not valid for task classify" in err.message
+
+
+def test_score_takes_pairs_not_input():
+    assert error_of(Task.SCORE, {"input": "x"}).extra["field"] == "input"
+    assert error_of(Task.SCORE, {"text_1": "a"}).extra["field"] == "text_2"
+    req = parse_request(Task.SCORE, {"text_1": "a", "text_2": ["b", "c"], "use_activation": False})
+    assert req.text_2 == ["b", "c"]
+
+
+def test_request_id_of_only_takes_usable_strings():
+    assert request_id_of({"request_id": "abc"}) == "abc"
+    assert request_id_of({"request_id": 5}) is None
+    assert request_id_of({"request_id": ""}) is None
+    assert request_id_of(["request_id"]) is None
