@@ -7,6 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Vector = list[float]
 ItemData = Union[float, Vector, list[Vector]]
+# Raw little-endian elements; base64 text in JSON. (An alias: the field itself is named `bytes`.)
+RawBytes = Union[bytes, str]
 
 
 class _Frame(BaseModel):
@@ -28,7 +30,7 @@ class BinaryItem(_Frame):
     index: int
     dtype: Literal["float32", "float16", "bfloat16"]
     shape: list[int] = Field(description="[D], [T, D] or [] for a score")
-    bytes: bytes | str = Field(description="little-endian raw elements (base64 text in JSON)")
+    bytes: RawBytes
     offset: int | None = None
 
 
@@ -56,7 +58,7 @@ class StreamItemFrame(_Frame):
     offset: int | None = None
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     shape: list[int] | None = None
-    bytes: bytes | str | None = None
+    bytes: RawBytes | None = None
 
 
 class DoneFrame(_Frame):
