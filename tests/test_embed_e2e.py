@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from actors.client import PoolingClient
-from tests.texts import mixed_texts
+from actors.workload import mixed_texts
 
 pytestmark = pytest.mark.timeout(300)
 

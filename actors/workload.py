@@ -1,4 +1,5 @@
-"""Deterministic English texts for tests and benchmarks: short sentences and longer passages."""
+"""Deterministic English texts for tests and benchmarks: short sentences and longer passages
+(the workload of `poolwire bench`)."""
 
 import random
 
