@@ -55,8 +55,9 @@ class EngineActor(Actor):
     name = "engine"
 
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
-                 mailbox_size: int = 4096) -> None:
+                 publish_event=None, mailbox_size: int = 4096) -> None:
         super().__init__(mailbox_size)
+        self._publish_event = publish_event  # async callable(DeprecationEvent), or None
         self.model = model
         self.limits = limits
         self._replier = replier
@@ -88,6 +89,8 @@ class EngineActor(Actor):
                                          deadline=job.deadline, group=plan.spec.forward,
                                          payload=(flight, i)))
         self._arrived.set()
+        if job.deprecation is not None and self._publish_event is not None:
+            await self._publish_event(job.deprecation)
 
     def _admit(self, plan: TaskPlan) -> None:
         tokens = sum(len(s) for s in plan.sequences)

@@ -10,7 +10,7 @@ from schemas.events import DeprecationEvent
 log = logging.getLogger(__name__)
 
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
-EVENTS_MAX_BYTES = 256 * 1024 * 1024
+EVENTS_MAX_BYTES = 64 * 1024 * 1024
 
 
 def events_subject(prefix: str) -> str:
@@ -40,8 +40,13 @@ async def ensure_events_stream(nc, prefix: str) -> str | None:
     except NotFoundError:
         pass
     name = events_stream_name(prefix)
-    await js.add_stream(StreamConfig(name=name, subjects=[f"{prefix}.events.>"],
-                                     max_age=EVENTS_MAX_AGE_S, max_bytes=EVENTS_MAX_BYTES))
+    try:
+        await js.add_stream(StreamConfig(name=name, subjects=[f"{prefix}.events.>"],
+                                         max_age=EVENTS_MAX_AGE_S, max_bytes=EVENTS_MAX_BYTES))
+    except Exception as exc:  # e.g. the server's JetStream storage is exhausted
+        log.error("could not create stream %s for %s.events.> (%s): deprecation events are "
+                  "published but not stored", name, prefix, exc)
+        return None
     log.info("created stream %s for %s.events.>", name, prefix)
     return name
 

@@ -27,7 +27,7 @@ def pad_batch(seqs: list[TokenSeq], pad_id: int):
 
 
 def _split_rows(packed: torch.Tensor, lengths: torch.Tensor) -> list[np.ndarray]:
-    return [t.numpy() for t in torch.split(packed, lengths.tolist())]
+    return [t.numpy() for t in torch.split(packed.cpu(), lengths.tolist())]
 
 
 def _token_logits(model: LoadedModel, ids, mask, types) -> torch.Tensor:
@@ -69,12 +69,12 @@ def _pool(spec: PoolSpec, out: torch.Tensor, lengths: torch.Tensor) -> list[np.n
     if spec.forward == Forward.HIDDEN and not spec.token_level:
         pooled = kernels.seq_pool(out, lengths, spec.method, normalize=spec.normalize,
                                   dimensions=spec.dimensions)
-        return list(pooled.numpy())
+        return list(pooled.cpu().numpy())
     if spec.forward == Forward.HIDDEN:
         rows = kernels.token_pool(out, lengths, normalize=spec.normalize, dimensions=spec.dimensions)
         return _split_rows(rows, lengths)
     if spec.forward == Forward.SEQ_LOGITS:
         scores = kernels.activation(out.float(), spec.activation)   # [B, labels]
-        return list(scores.numpy())
+        return list(scores.cpu().numpy())
     rows = kernels.token_pool(out, lengths)                           # [sum(T), labels]
     return _split_rows(kernels.activation(rows, spec.activation), lengths)

@@ -4,6 +4,7 @@ import time
 from dataclasses import dataclass, field
 
 from schemas.codec import WireFormat
+from schemas.events import DeprecationEvent
 from schemas.requests import PoolingRequest
 from schemas.tasks import Task
 
@@ -33,6 +34,10 @@ class Job:
     # Deprecated-task requests: the reply's `warnings` and every frame's Pooling-Deprecation header.
     warnings: tuple[str, ...] = ()
     headers: dict[str, str] | None = None
+    # Built by the validator, published by the engine once the request is admitted: PROTOCOL.md
+    # wants an event for every deprecated request "that passed validation and was accepted",
+    # and input_too_long / overloaded are only known after tokenizing.
+    deprecation: DeprecationEvent | None = None
 
     @property
     def deadline(self) -> float | None:

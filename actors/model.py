@@ -124,6 +124,14 @@ class LoadedModel:
         return [self.id2label[i] for i in range(self.num_labels)]
 
     @property
+    def per_token_classifier(self) -> bool:
+        """Whether a sequence classifier's head can be applied to every token (vLLM's
+        token_classify on a classifier): only when the head is a plain linear layer over
+        hidden states, as in BERT; heads that pick a token themselves (RoBERTa's) cannot."""
+        head = getattr(self.module, "classifier", None)
+        return self.kind == ModelKind.SEQUENCE_CLASSIFICATION and isinstance(head, torch.nn.Linear)
+
+    @property
     def activation_kind(self) -> str:
         """Softmax over labels, sigmoid for one label or a multi-label problem."""
         return "sigmoid" if self.num_labels == 1 or self.multi_label else "softmax"

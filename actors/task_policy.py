@@ -20,10 +20,14 @@ _BY_KIND = {
 _DEFAULT_PRIORITY = (Task.EMBED, Task.CLASSIFY, Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
 
 
-def supported_tasks(kind: str, num_labels: int = 0) -> list[Task]:
+def supported_tasks(kind: str, num_labels: int = 0, per_token_head: bool = True) -> list[Task]:
+    """`per_token_head`: a sequence classifier whose head can run on every token (else it
+    cannot do token_classify)."""
     tasks = list(_BY_KIND[kind])
     if kind == "sequence_classification" and num_labels == 1:
         tasks.append(Task.SCORE)  # a one-label classifier is a cross-encoder
+    if kind == "sequence_classification" and not per_token_head:
+        tasks.remove(Task.TOKEN_CLASSIFY)
     return in_protocol_order(tasks)
 
 

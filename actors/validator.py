@@ -1,9 +1,10 @@
 """The ValidatorActor: the one place that decides tasks. It applies the TaskPolicy, validates
-the request's fields against the task and the model, publishes deprecation events, and hands
-valid jobs to the engine."""
+the request's fields against the task and the model, writes the deprecation event of a request
+on a deprecated task (the engine publishes it once the request is admitted), and hands valid
+jobs to the engine."""
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from actors.messages import Incoming, Job
 from actors.replier import Replier
@@ -45,13 +46,12 @@ class ValidatorActor(Actor):
     name = "validator"
 
     def __init__(self, policy: TaskPolicy, limits: ModelLimits, engine: Actor, replier: Replier,
-                 events, worker_id: str, mailbox_size: int = 4096) -> None:
+                 worker_id: str, mailbox_size: int = 4096) -> None:
         super().__init__(mailbox_size)
         self.policy = policy
         self.limits = limits
         self._engine = engine
         self._replier = replier
-        self._events = events  # async callable(DeprecationEvent), or None
         self._worker_id = worker_id
         self._logged: set[Task] = set()
 
@@ -86,8 +86,6 @@ class ValidatorActor(Actor):
                 PoolingError(ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later",
                              retry_after_ms=100), job.fmt, job.headers)
             return
-        if job.warnings:
-            await self._publish_deprecation(job)
 
     def _validate(self, incoming: Incoming) -> Job:
         task = parse_task(incoming.task_name)
@@ -96,30 +94,29 @@ class ValidatorActor(Actor):
             raise self._task_error(incoming.task_name, verdict)
         request = parse_request(task, incoming.body)
         check_against_model(task, request, self.limits)
-        warnings, headers = (), None
+        job = Job(request=request, task=task, reply=incoming.reply, fmt=incoming.fmt,
+                  request_id=incoming.request_id, received_at=incoming.received_at)
         if verdict == Verdict.DEPRECATED:
-            warnings = (deprecation_message(task, self.policy.configured),)
-            headers = {DEPRECATION_HEADER: self.policy.configured.value}
-        return Job(request=request, task=task, reply=incoming.reply, fmt=incoming.fmt,
-                   request_id=incoming.request_id, received_at=incoming.received_at,
-                   warnings=warnings, headers=headers)
+            job = self._deprecated(job)
+        return job
 
-    async def _publish_deprecation(self, job: Job) -> None:
+    def _deprecated(self, job: Job) -> Job:
+        """The warning, header and event of a request on a supported, non-configured task."""
         configured = self.policy.configured
+        message = deprecation_message(job.task, configured)
         if job.task not in self._logged:
             self._logged.add(job.task)
-            log.warning("%s Start a worker with --task %s to serve it. (Logged once per task; "
-                        "every such request publishes an event.)", job.warnings[0], job.task)
-        if self._events is None:
-            return
+            log.warning("%s; start a worker with --task %s to serve it (logged once per task; "
+                        "every such request publishes an event)", message, job.task)
         event = DeprecationEvent(
             time=utc_now_rfc3339(), model=self.limits.name, worker=self._worker_id,
             request_id=job.request_id, requested_task=job.task.value,
             configured_task=configured.value, supported_tasks=self._supported_names(),
-            message=job.warnings[0],
+            message=message,
             hint=f"start a worker for this task: poolwire serve --task {job.task} "
                  f"(or POOLWIRE_TASK={job.task})")
-        await self._events(event)
+        return replace(job, warnings=(message,), headers={DEPRECATION_HEADER: configured.value},
+                       deprecation=event)
 
     async def on_failure(self, incoming: Incoming, exc: BaseException) -> None:
         await self._replier.send_error(incoming.reply, incoming.request_id,

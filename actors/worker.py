@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
     """Settle the configured task at start; raises TaskConfigError listing supported tasks."""
-    supported = supported_tasks(model.kind, model.num_labels)
+    supported = supported_tasks(model.kind, model.num_labels, model.per_token_classifier)
     configured = configured_task(model.architecture, supported, settings.task)
     return TaskPolicy(configured=configured, supported=tuple(supported),
                       multitask=settings.multitask,
@@ -54,10 +54,10 @@ class Worker:
         self.events = EventPublisher(self.nc, s.prefix)
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
-            max_wait_ms=s.max_wait_ms, max_queued_tokens=s.max_queued_tokens))
+            max_wait_ms=s.max_wait_ms, max_queued_tokens=s.max_queued_tokens), self.events)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length, self.model.hidden_size),
-            self.engine, replier, self.events, self.worker_id)
+            self.engine, replier, self.worker_id)
         self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier)
         for actor in (self.engine, self.validator, self.ingest):
             self.supervisor.start_actor(actor)

@@ -9,6 +9,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import asyncio  # noqa: E402
 import contextlib  # noqa: E402
 import itertools  # noqa: E402
 import random  # noqa: E402
@@ -57,6 +58,26 @@ async def nc(nats_server):
         await conn.close()
 
 
+async def wait_until_answering(url: str, prefix: str, timeout: float = 10.0) -> None:
+    """Wait until another connection gets an answer from the worker. Right after the worker's
+    SUB is flushed, nats-server 2.15 has been seen to answer a first request from another
+    connection with no-responders (about 1 start in 15 here, when a JetStream stream was created
+    just before); a request an instant later is delivered."""
+    conn = await nats.connect(url)
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                await conn.request(f"{prefix}.embed", b"", timeout=timeout)  # an error reply
+                return
+            except nats.errors.NoRespondersError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
+
+
 @pytest.fixture
 def start_worker(nats_server, prefix):
     """`async with start_worker(model, task=..., ...) as worker:` on this test's prefix."""
@@ -66,6 +87,7 @@ def start_worker(nats_server, prefix):
         worker = Worker(WorkerSettings(prefix=prefix, **settings), model)
         await worker.start(url or nats_server.url)
         try:
+            await wait_until_answering(url or nats_server.url, prefix)
             yield worker
         finally:
             await worker.stop()
