@@ -43,6 +43,28 @@ def minilm():
     return load_model(bundled_model_dir())
 
 
+@pytest.fixture(scope="session")
+def small_model_dirs(tmp_path_factory):
+    """Folders of a 3-label and a 1-label (cross-encoder) sequence classifier, a multi-label
+    sequence classifier and a 5-label token classifier."""
+    from tests.small_models import build
+
+    root = tmp_path_factory.mktemp("models")
+    tok = bundled_model_dir()
+    return {
+        "seq3": build(root / "seq3", tok, "sequence", 3, seed=1),
+        "seq1": build(root / "cross-encoder", tok, "sequence", 1, seed=2),
+        "multi": build(root / "multi", tok, "sequence", 4, seed=3,
+                       problem_type="multi_label_classification"),
+        "tok5": build(root / "tok5", tok, "token", 5, seed=4),
+    }
+
+
+@pytest.fixture(scope="session")
+def small_models(small_model_dirs):
+    return {name: load_model(path) for name, path in small_model_dirs.items()}
+
+
 @pytest.fixture
 def prefix():
     """A fresh subject prefix per test, so tests never see each other's traffic."""

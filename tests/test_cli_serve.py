@@ -67,3 +67,23 @@ def test_a_task_the_model_cannot_do_fails_start_up_listing_supported_tasks(tmp_p
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "supports: embed, token_embed, score" in out.stderr
+
+
+async def run_cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "actors.cli", *args,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_client_commands_print_the_reply_as_json(minilm, start_worker, nats_server, prefix):
+    common = ("--nats-url", nats_server.url, "--prefix", prefix)
+    async with start_worker(minilm):
+        code, out, _ = await run_cli("embed", "hello", "world", "--dimensions", "8", *common)
+        assert code == 0
+        reply = json.loads(out)
+        assert [len(d["data"]) for d in reply["data"]] == [8, 8]
+        code, out, _ = await run_cli("score", "a cat", "a dog", "a car", *common)
+        assert code == 0 and len(json.loads(out)["data"]) == 2
+        code, _, err = await run_cli("classify", "hello", *common)
+        assert code == 1 and json.loads(err)["error"]["code"] == "unsupported_task"

@@ -1,0 +1,59 @@
+"""The task policy as pure functions: the supported-task table, the configured-task rule and
+the verdict for each requested task (PROTOCOL.md "Task policy")."""
+
+import pytest
+
+from actors.task_policy import (TaskConfigError, TaskPolicy, Verdict, configured_task,
+                                score_uses_configured_task, supported_tasks)
+from schemas.tasks import Task
+
+E, C, S, TE, TC = Task.EMBED, Task.CLASSIFY, Task.SCORE, Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY
+
+
+@pytest.mark.parametrize("kind, labels, per_token, expected", [
+    ("encoder", 0, True, [E, TE, S]),
+    ("sequence_classification", 3, True, [C, TC]),
+    ("sequence_classification", 1, True, [C, TC, S]),     # one label: a cross-encoder
+    ("sequence_classification", 3, False, [C]),          # a head that cannot run per token
+    ("token_classification", 5, True, [TC]),
+])
+def test_supported_tasks_by_model_kind_in_protocol_order(kind, labels, per_token, expected):
+    assert supported_tasks(kind, labels, per_token) == expected
+
+
+@pytest.mark.parametrize("architecture, supported, asked, expected", [
+    ("BertModel", [E, TE, S], None, E),
+    ("BertForSequenceClassification", [C, TC], None, C),
+    ("BertForSequenceClassification", [C, TC, S], None, C),
+    ("BertForTokenClassification", [TC], None, TC),
+    # The token-classifier rule comes before the priority list, whatever else is supported.
+    ("FancyForTokenClassification", [E, TC], None, TC),
+    ("BertModel", [E, TE, S], "token_embed", TE),
+    ("BertForSequenceClassification", [C, TC, S], "score", S),
+])
+def test_configured_task_rule(architecture, supported, asked, expected):
+    assert configured_task(architecture, supported, asked) is expected
+
+
+@pytest.mark.parametrize("asked", ["classify", "summarize"])
+def test_a_task_the_model_cannot_do_fails_listing_every_supported_task(asked):
+    with pytest.raises(TaskConfigError) as info:
+        configured_task("BertModel", [E, TE, S], asked)
+    assert "embed, token_embed, score" in str(info.value) and asked in str(info.value)
+
+
+def test_verdicts_for_warn_and_reject():
+    warn = TaskPolicy(E, (E, TE, S), "warn", score_with_configured=True)
+    reject = TaskPolicy(E, (E, TE, S), "reject", score_with_configured=True)
+    assert [warn.judge(t) for t in (E, S, TE, C, None)] == [
+        Verdict.SERVE, Verdict.SERVE, Verdict.DEPRECATED, Verdict.UNSUPPORTED, Verdict.UNSUPPORTED]
+    assert reject.judge(TE) == Verdict.NOT_CONFIGURED and reject.judge(S) == Verdict.SERVE
+
+
+def test_score_counts_as_the_configured_task_only_when_computed_with_it():
+    assert score_uses_configured_task("encoder", 0, E)
+    assert not score_uses_configured_task("encoder", 0, TE)
+    assert score_uses_configured_task("sequence_classification", 1, C)
+    assert not score_uses_configured_task("sequence_classification", 1, TC)
+    policy = TaskPolicy(TC, (C, TC, S), "warn", score_with_configured=False)
+    assert policy.judge(S) == Verdict.DEPRECATED
