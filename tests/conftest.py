@@ -9,7 +9,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import asyncio  # noqa: E402
 import contextlib  # noqa: E402
 import itertools  # noqa: E402
 import random  # noqa: E402
@@ -22,6 +21,7 @@ from actors.model import bundled_model_dir, load_model  # noqa: E402
 from actors.nats_server import NatsServer  # noqa: E402
 from actors.settings import WorkerSettings  # noqa: E402
 from actors.worker import Worker  # noqa: E402
+from tests.helpers import wait_until_answering  # noqa: E402
 
 _prefixes = itertools.count()
 
@@ -76,26 +76,6 @@ async def nc(nats_server):
     conn = await nats.connect(nats_server.url)
     try:
         yield conn
-    finally:
-        await conn.close()
-
-
-async def wait_until_answering(url: str, prefix: str, timeout: float = 10.0) -> None:
-    """Wait until another connection gets an answer from the worker. Right after the worker's
-    SUB is flushed, nats-server 2.15 has been seen to answer a first request from another
-    connection with no-responders (about 1 start in 15 here, when a JetStream stream was created
-    just before); a request an instant later is delivered."""
-    conn = await nats.connect(url)
-    try:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            try:
-                await conn.request(f"{prefix}.embed", b"", timeout=timeout)  # an error reply
-                return
-            except nats.errors.NoRespondersError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.sleep(0.01)
     finally:
         await conn.close()
 
