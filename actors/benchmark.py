@@ -40,6 +40,7 @@ from pathlib import Path
 DEFAULT_CONFIGS = "inprocess,c1,c16,c64,4x32"
 QUICK_TEXTS = 200
 PREFIX = "bench.pooling"
+NOISY_CORES = 0.25           # other processes' load past which a row is flagged
 SHORT_MAX_WORDS = 30         # workload sentences have at most ~12 words, passages at least 60
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -210,13 +211,20 @@ class Report:
             out += ["", "CPU seconds during the measured phase (2-core machines: the load "
                         "generator and the worker share the cores):", "",
                     "| setup | wall s | worker event loop | worker other threads (forward pass) "
-                    "| load generator | in-process run |",
-                    "| --- | ---: | ---: | ---: | ---: | ---: |"]
+                    "| load generator | in-process run | other processes (cores) |",
+                    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
             for r in self.rows:
                 c = r.cpu_s
                 cell = lambda k: f"{c[k]:.1f}" if k in c else ""  # noqa: E731
+                background = f"{c['background']:.2f}" if "background" in c else ""
                 out.append(f"| {r.setup} | {r.wall_s:.1f} | {cell('worker_main')} | "
-                           f"{cell('worker_other')} | {cell('client')} | {cell('inprocess')} |")
+                           f"{cell('worker_other')} | {cell('client')} | {cell('inprocess')} | "
+                           f"{background} |")
+            noisy = [r for r in self.rows if r.cpu_s.get("background", 0.0) >= NOISY_CORES]
+            if noisy:
+                out += ["", "warning: other processes kept the machine busy during "
+                        + ", ".join(f"{r.key} ({r.cpu_s['background']:.2f} cores)" for r in noisy)
+                        + "; those numbers understate this machine: rerun on a quiet one"]
         for key, stats in self.worker_stats.items():
             out.append(f"worker stats ({key}): {json.dumps(stats)}")
         return "\n".join(out)
@@ -231,13 +239,15 @@ class Report:
 
 # ---- processes -----------------------------------------------------------------------------
 
-def _child_env() -> dict[str, str]:
+def _child_env(torch_threads: int | None = None) -> dict[str, str]:
     """The environment of the worker and the in-process run: models from local folders only,
     and the production CPU path (TRITON_INTERPRET, which the tests set, would run the pooling
     kernels through the Triton interpreter and measure that instead)."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["HF_HUB_OFFLINE"] = "1"
+    if torch_threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
@@ -275,6 +285,80 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return {"main": main, "other": other}
 
 
+def _process_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                kids = [int(k) for k in Path(f"/proc/{parent}/task/{tid}/children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and every live process it started (worker, nats-server)."""
+    me = os.getpid()
+    return sum(_process_cpu_s(p) for p in [me, *_descendants(me)])
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all processes, all cores)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / _CLK_TCK
+
+
+class BackgroundMeter:
+    """How many cores other processes kept busy while we measured: these benchmarks run on
+    shared development machines, where someone else's test run halves every number."""
+
+    def __init__(self) -> None:
+        self._start = (time.perf_counter(), machine_busy_s(), own_cpu_s())
+
+    def cores(self) -> float:
+        wall = time.perf_counter() - self._start[0]
+        others = (machine_busy_s() - self._start[1]) - (own_cpu_s() - self._start[2])
+        return max(0.0, others / wall) if wall > 0 else math.nan
+
+
+def wait_for_quiet(max_wait_s: float, threshold: float = 0.25, label: str = "") -> float:
+    """Wait (up to max_wait_s) until other processes use under `threshold` cores; returns
+    the last reading."""
+    deadline = time.monotonic() + max_wait_s
+    told = False
+    while True:
+        meter = BackgroundMeter()
+        time.sleep(0.5)
+        load = meter.cores()
+        if load < threshold or time.monotonic() >= deadline:
+            if told or load >= threshold:
+                _log(f"{label}: other processes use {load:.2f} cores; "
+                     + ("going ahead" if load < threshold else f"not quiet after {max_wait_s:.0f} s, "
+                        "measuring anyway"))
+            return load
+        if not told:
+            _log(f"{label}: other processes use {load:.2f} cores; waiting up to "
+                 f"{max_wait_s:.0f} s for the machine to be quiet")
+            told = True
+
+
 def _stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
     """SIGTERM by PID (the worker drains and exits), SIGKILL if it does not."""
     if proc.poll() is None:
@@ -290,8 +374,9 @@ class WorkerProcess:
     """`python -m actors.cli serve` in a process of its own, as in production."""
 
     def __init__(self, url: str, model: str | None, worker_args: list[str], log_path: Path,
-                 profile_path: Path | None = None) -> None:
+                 profile_path: Path | None = None, torch_threads: int | None = None) -> None:
         self.url = url
+        self.torch_threads = torch_threads
         self.model = model
         self.worker_args = worker_args
         self.log_path = log_path
@@ -313,7 +398,8 @@ class WorkerProcess:
         cmd += self.worker_args
         self._log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file,
-                                     stderr=subprocess.STDOUT, env=_child_env())
+                                     stderr=subprocess.STDOUT,
+                                     env=_child_env(self.torch_threads))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_text(errors="replace")
@@ -352,12 +438,16 @@ def _inprocess_child(args: argparse.Namespace) -> int:
 
     # encode([short]) repeated: the in-process floor of one short text's latency.
     single_ms = []
+    if args.settle_s > 0:
+        wait_for_quiet(args.settle_s, label="in-process encode([short])")
+    meter = BackgroundMeter()
     cpu0, t0 = time.process_time(), time.perf_counter()
     for i in range(args.latency_reps):
         s = time.perf_counter()
         model.encode([shorts[i % len(shorts)]], show_progress_bar=False)
         single_ms.append((time.perf_counter() - s) * 1000.0)
     single_wall, single_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    single_background = meter.cores()
     single_rss = peak_rss_mib(os.getpid())
     _log(f"in-process encode([short]) x {args.latency_reps}: p50 "
          f"{percentile(single_ms, 50):.2f} ms")
@@ -380,19 +470,23 @@ def _inprocess_child(args: argparse.Namespace) -> int:
     handle = model.register_forward_hook(hook)
     _log(f"in-process encode of {len(texts)} texts, batch size {args.batch_size} "
          f"(torch threads {torch.get_num_threads()})")
+    if args.settle_s > 0:
+        wait_for_quiet(args.settle_s, label="in-process encode")
+    meter = BackgroundMeter()
     cpu0 = time.process_time()
     mark[0] = t0 = time.perf_counter()
     embeddings = model.encode(texts, batch_size=args.batch_size, show_progress_bar=False)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    background = meter.cores()
     handle.remove()
     if len(embeddings) != len(texts):
         raise RuntimeError(f"encode returned {len(embeddings)} embeddings for {len(texts)} texts")
     print(json.dumps({
         "single": {"calls": args.latency_reps, "wall_s": single_wall, "latencies_ms": single_ms,
-                   "peak_rss_mib": single_rss, "cpu_s": single_cpu,
+                   "peak_rss_mib": single_rss, "cpu_s": single_cpu, "background": single_background,
                    "texts": [shorts[i % len(shorts)] for i in range(args.latency_reps)]},
         "batch": {"wall_s": wall, "latencies_ms": batch_ms, "peak_rss_mib": peak_rss_mib(os.getpid()),
-                  "cpu_s": cpu},
+                  "cpu_s": cpu, "background": background},
         "torch_threads": torch.get_num_threads(),
     }), flush=True)
     return 0
@@ -401,12 +495,12 @@ def _inprocess_child(args: argparse.Namespace) -> int:
 def run_inprocess(args: argparse.Namespace, count_tokens) -> list[Row]:
     cmd = [sys.executable, "-m", "actors.benchmark", "--inprocess-child", "--texts", str(args.texts),
            "--seed", str(args.seed), "--batch-size", str(args.batch_size),
-           "--latency-reps", str(args.latency_reps)]
+           "--latency-reps", str(args.latency_reps), "--settle-s", str(args.settle_s)]
     if args.model:
         cmd += ["--model", args.model]
     _log("in-process: starting its own process (SentenceTransformer)")
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            env=_child_env(), text=True)
+                            env=_child_env(args.torch_threads), text=True)
     try:
         out, _ = proc.communicate(timeout=args.timeout_s)
     finally:
@@ -422,11 +516,11 @@ def run_inprocess(args: argparse.Namespace, count_tokens) -> list[Row]:
         Row("inprocess", f"in-process encode, batch size {args.batch_size}", len(texts),
             sum(count_tokens(texts)), batch["wall_s"], batch["latencies_ms"], batch["peak_rss_mib"],
             requests=len(batch["latencies_ms"]), latency_unit=f"batch of {args.batch_size}",
-            cpu_s={"inprocess": batch["cpu_s"]}),
+            cpu_s={"inprocess": batch["cpu_s"], "background": batch["background"]}),
         Row("inprocess-1", "in-process encode([short]), one call at a time", single["calls"],
             sum(count_tokens(single["texts"])), single["wall_s"], single["latencies_ms"],
             single["peak_rss_mib"], requests=single["calls"], latency_unit="call",
-            cpu_s={"inprocess": single["cpu_s"]}),
+            cpu_s={"inprocess": single["cpu_s"], "background": single["background"]}),
     ]
 
 
@@ -442,6 +536,7 @@ class LoadResult:
     token_mismatches: int
     client_cpu_s: float
     worker_cpu_s: dict[str, float]
+    background_cores: float
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -450,7 +545,8 @@ def _chunks(n: int, size: int) -> list[tuple[int, int]]:
 
 async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
                 timeout: float, truncate: bool, worker_pid: int | None = None,
-                label: str = "", warmup: list[str] | None = None) -> LoadResult:
+                label: str = "", warmup: list[str] | None = None,
+                settle_s: float = 0.0) -> LoadResult:
     """Send every text once in the setup's shape and record each request's latency. Replies are
     kept raw and checked after the clock stops, so the load generator's CPU (which shares the
     machine with the worker) goes on sending and receiving only."""
@@ -497,6 +593,9 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
                 await asyncio.sleep(3.0)
                 _log(f"{label}: {done[0]}/{len(texts)} texts, {time.perf_counter() - started:.1f} s")
 
+        if settle_s > 0:
+            await asyncio.to_thread(wait_for_quiet, settle_s, label=label)
+        meter = BackgroundMeter()
         cpu_before = thread_cpu_s(worker_pid) if worker_pid else {}
         client_cpu0 = time.process_time()
         started = time.perf_counter()
@@ -508,6 +607,7 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
         wall = time.perf_counter() - started
         client_cpu = time.process_time() - client_cpu0
         cpu_after = thread_cpu_s(worker_pid) if worker_pid else {}
+        background = meter.cores()
     finally:
         for c in conns:
             await c.close()
@@ -532,7 +632,8 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
         elif b - a == 1 and is_short(texts[a]):
             short_lat.append(lat)
     worker_cpu = {k: cpu_after[k] - cpu_before[k] for k in cpu_after} if cpu_before else {}
-    return LoadResult(wall, latencies, short_lat, errors, samples, mismatches, client_cpu, worker_cpu)
+    return LoadResult(wall, latencies, short_lat, errors, samples, mismatches, client_cpu,
+                      worker_cpu, background)
 
 
 async def _worker_stats(url: str) -> object | None:
@@ -554,7 +655,7 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
                  args: argparse.Namespace, workdir: Path, report: Report) -> Row:
     profile = Path(args.profile_worker) / f"worker-{setup.key}.prof" if args.profile_worker else None
     worker = WorkerProcess(url, args.model, shlex.split(args.worker_args or ""),
-                           workdir / f"worker-{setup.key}.log", profile)
+                           workdir / f"worker-{setup.key}.log", profile, args.torch_threads)
     _log(f"{setup.label}: starting a worker")
     t0 = time.perf_counter()
     try:
@@ -564,7 +665,8 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
 
         result = asyncio.run(drive(url, texts, tokens, setup, timeout=args.timeout_s,
                                    truncate=truncate, worker_pid=worker.pid, label=setup.label,
-                                   warmup=mixed_texts(64, seed=args.seed + 1)))
+                                   warmup=mixed_texts(64, seed=args.seed + 1),
+                                   settle_s=args.settle_s))
         rss = peak_rss_mib(worker.pid)
         stats = asyncio.run(_worker_stats(url))
         if stats is not None:
@@ -578,7 +680,7 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
               short_latencies_ms=result.short_latencies_ms,
               cpu_s={"worker_main": result.worker_cpu_s.get("main", math.nan),
                      "worker_other": result.worker_cpu_s.get("other", math.nan),
-                     "client": result.client_cpu_s})
+                     "client": result.client_cpu_s, "background": result.background_cores})
     if result.errors:
         row.notes.append(f"{result.errors} of {row.requests} requests failed, e.g. "
                          + "; ".join(result.error_samples))
@@ -623,6 +725,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--worker-args", default="",
                    help="extra `poolwire serve` options, one string, e.g. "
                         "--worker-args='--max-batch-tokens 4096 --max-wait-ms 1'")
+    p.add_argument("--settle-s", type=float, default=None,
+                   help="before each measured phase, wait up to this long for other processes to "
+                        "leave the machine quiet (default 60; --quick 10; 0: do not wait)")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for the worker and the in-process run (default: torch's own)")
     p.add_argument("--timeout-s", type=float, default=600.0,
                    help="per request, and for the in-process run")
     p.add_argument("--profile-worker", metavar="DIR",
@@ -660,6 +767,8 @@ def main(argv: list[str] | None = None) -> int:
         args.texts = QUICK_TEXTS
     if args.latency_reps is None:
         args.latency_reps = 50 if args.quick else 300
+    if args.settle_s is None:
+        args.settle_s = 10.0 if args.quick else 60.0
     if args.inprocess_child:
         return _inprocess_child(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -18,6 +18,7 @@ from actors.messages import Job
 from actors.model import LoadedModel
 from actors.replier import Replier
 from actors.runtime import Actor
+from actors.stats import StageStats
 from actors.task_heads import TaskPlan, cosine_items, plan_task
 from actors.tokenizing import Tokenizing
 from schemas.errors import ErrorCode, PoolingError
@@ -55,8 +56,10 @@ class EngineActor(Actor):
     name = "engine"
 
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
-                 publish_event=None, mailbox_size: int = 4096) -> None:
+                 publish_event=None, stats: StageStats | None = None,
+                 mailbox_size: int = 4096) -> None:
         super().__init__(mailbox_size)
+        self.stats = stats or StageStats()
         self._publish_event = publish_event  # async callable(DeprecationEvent), or None
         self.model = model
         self.limits = limits
@@ -75,7 +78,8 @@ class EngineActor(Actor):
 
     async def receive(self, job: Job) -> None:
         try:
-            plan = plan_task(job.task, job.request, self.model, self._tokenizing)
+            with self.stats.timed("tokenize"):
+                plan = plan_task(job.task, job.request, self.model, self._tokenizing)
             self._admit(plan)
         except PoolingError as err:
             await self._replier.send_error(job.reply, job.request_id, err, job.fmt, job.headers)
@@ -117,7 +121,8 @@ class EngineActor(Actor):
         while True:
             await self._wait_for_batch()
             await self._drop_expired()
-            batch = self._planner.next_batch()
+            with self.stats.timed("plan"):
+                batch = self._planner.next_batch()
             if not batch:
                 continue
             seqs, specs = [], []
@@ -125,23 +130,31 @@ class EngineActor(Actor):
                 flight, i = item.payload
                 seqs.append(flight.plan.sequences[i])
                 specs.append(flight.plan.spec)
-            started = time.perf_counter()
             try:
-                outputs = await loop.run_in_executor(self._forward_thread, run_batch,
-                                                     self.model, seqs, specs)
+                result = await loop.run_in_executor(self._forward_thread, run_batch,
+                                                    self.model, seqs, specs)
             except Exception as exc:
                 log.exception("forward pass failed for a batch of %d sequences", len(batch))
                 for flight in {item.payload[0] for item in batch}:
                     await self._fail(flight, PoolingError(ErrorCode.INTERNAL,
                                                           f"the forward pass failed: {exc!r}"))
                 continue
-            elapsed = time.perf_counter() - started
-            tokens = sum(len(s) for s in seqs)
-            rate = tokens / max(elapsed, 1e-6)
-            self._tokens_per_s = rate if not self._tokens_per_s else 0.8 * self._tokens_per_s + 0.2 * rate
-            for item, value in zip(batch, outputs):
+            self._record(seqs, result)
+            for item, value in zip(batch, result.outputs):
                 flight, i = item.payload
                 await self._deliver(flight, i, value)
+
+    def _record(self, seqs, result) -> None:
+        tokens = sum(len(s) for s in seqs)
+        st = self.stats
+        st.add("forward", result.forward_s)
+        st.add("pool", result.pool_s)
+        st.batches += 1
+        st.sequences += len(seqs)
+        st.real_tokens += tokens
+        st.padded_tokens += len(seqs) * max(len(s) for s in seqs)
+        rate = tokens / max(result.forward_s + result.pool_s, 1e-6)
+        self._tokens_per_s = rate if not self._tokens_per_s else 0.8 * self._tokens_per_s + 0.2 * rate
 
     async def _wait_for_batch(self) -> None:
         """Block until work is queued; then, while less than a batch's worth is queued, wait at
@@ -199,9 +212,11 @@ class EngineActor(Actor):
         job = flight.job
         token_level = job.task in TOKEN_LEVEL_TASKS
         for index, value in items:
-            for body in item_frames(job.request_id, index, np.asarray(value), flight.style,
-                                    token_level, self._replier.max_payload, job.headers):
-                await self._replier.send(job.reply, body, job.headers)
+            with self.stats.timed("encode"):
+                bodies = item_frames(job.request_id, index, np.asarray(value), flight.style,
+                                     token_level, self._replier.max_payload, job.headers)
+            for body in bodies:
+                await self._publish(job, body)
 
     async def _finish(self, flight: InFlight) -> None:
         self._inflight.discard(flight)
@@ -216,14 +231,20 @@ class EngineActor(Actor):
         warnings = list(job.warnings) or None
         if job.request.stream:
             await self._send_items(flight, items if flight.keeps_outputs else [])
-            body = done_frame(job.request_id, self.model.name, job.task.value, plan.prompt_tokens,
-                              flight.style, warnings, labels)
+            with self.stats.timed("encode"):
+                body = done_frame(job.request_id, self.model.name, job.task.value,
+                                  plan.prompt_tokens, flight.style, warnings, labels)
         else:
-            wire = [wire_item(i, np.asarray(v), flight.style) for i, v in items]
-            body = one_reply(job.request_id, self.model.name, job.task.value, wire,
-                             plan.prompt_tokens, flight.style, self._replier.max_payload,
-                             job.headers, warnings, labels)
-        await self._replier.send(job.reply, body, job.headers)
+            with self.stats.timed("encode"):
+                wire = [wire_item(i, np.asarray(v), flight.style) for i, v in items]
+                body = one_reply(job.request_id, self.model.name, job.task.value, wire,
+                                 plan.prompt_tokens, flight.style, self._replier.max_payload,
+                                 job.headers, warnings, labels)
+        await self._publish(job, body)
+
+    async def _publish(self, job: Job, body: bytes) -> None:
+        with self.stats.timed("publish"):
+            await self._replier.send(job.reply, body, job.headers)
 
     async def close(self) -> None:
         self._forward_thread.shutdown(wait=True, cancel_futures=True)

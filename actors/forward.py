@@ -1,7 +1,9 @@
 """The tensor work of one micro-batch, run in the engine's forward thread: pad, run the model,
 pool through `kernels`, and hand back one float32 array per sequence. No asyncio here."""
 
+import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,11 +41,19 @@ def _token_logits(model: LoadedModel, ids, mask, types) -> torch.Tensor:
     return model.module.classifier(hidden)
 
 
-def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -> list[np.ndarray]:
-    """Outputs in sequence order: [D] vectors, [labels] scores, [] or [T, D] token rows."""
+@dataclass(frozen=True)
+class BatchResult:
+    outputs: list[np.ndarray]   # in sequence order: [D] vectors, [labels] scores, [T, D] rows
+    forward_s: float            # the model's forward pass (padding included)
+    pool_s: float               # pooling kernels and the copy out
+
+
+def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -> BatchResult:
+    """Pad, run the model once, pool every sequence as its spec says."""
     forward = specs[0].forward
     if any(s.forward != forward for s in specs):
         raise ValueError("a micro-batch must need one kind of forward pass")
+    started = time.perf_counter()
     pad_id = model.tokenizer.pad_token_id or 0
     ids, mask, types, lengths = pad_batch(seqs, pad_id)
     with torch.inference_mode():
@@ -53,6 +63,7 @@ def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -
             out = model.head_logits(ids, mask, types)            # [B, labels]
         else:
             out = _token_logits(model, ids, mask, types)        # [B, T, labels]
+        forwarded = time.perf_counter()
         results: list[np.ndarray | None] = [None] * len(seqs)
         groups: dict[PoolSpec, list[int]] = defaultdict(list)
         for row, spec in enumerate(specs):
@@ -62,7 +73,7 @@ def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -
             part, part_len = out.index_select(0, index), lengths.index_select(0, index)
             for row, value in zip(rows, _pool(spec, part, part_len)):
                 results[row] = value
-    return results  # type: ignore[return-value]
+    return BatchResult(results, forwarded - started, time.perf_counter() - forwarded)  # type: ignore[arg-type]
 
 
 def _pool(spec: PoolSpec, out: torch.Tensor, lengths: torch.Tensor) -> list[np.ndarray]:

@@ -9,6 +9,7 @@ import uuid
 from actors.messages import Incoming
 from actors.replier import Replier
 from actors.runtime import Actor, MailboxFull
+from actors.stats import StageStats
 from schemas.codec import decode, sniff_format
 from schemas.errors import ErrorCode, PoolingError
 from schemas.requests import request_id_of
@@ -24,8 +25,9 @@ class IngestActor(Actor):
     name = "ingest"
 
     def __init__(self, nc, prefix: str, queue: str, validator: Actor, replier: Replier,
-                 mailbox_size: int = 65536) -> None:
+                 stats: StageStats | None = None, mailbox_size: int = 65536) -> None:
         super().__init__(mailbox_size)
+        self.stats = stats or StageStats()
         self._nc = nc
         self.prefix = prefix
         self.queue = queue
@@ -58,7 +60,8 @@ class IngestActor(Actor):
     async def receive(self, msg) -> None:
         task_name = msg.subject[len(self.prefix) + 1:]
         try:
-            body, fmt = decode(msg.data)
+            with self.stats.timed("decode"):
+                body, fmt = decode(msg.data)
         except PoolingError as err:
             await self._replier.send_error(msg.reply, new_request_id(), err, sniff_format(msg.data))
             return

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from actors.messages import Incoming, Job
 from actors.replier import Replier
 from actors.runtime import Actor, MailboxFull
+from actors.stats import StageStats
 from actors.task_policy import TaskPolicy, Verdict
 from actors.tokenizing import check_truncation
 from schemas.errors import ErrorCode, PoolingError, invalid
@@ -46,8 +47,10 @@ class ValidatorActor(Actor):
     name = "validator"
 
     def __init__(self, policy: TaskPolicy, limits: ModelLimits, engine: Actor, replier: Replier,
-                 worker_id: str, mailbox_size: int = 4096) -> None:
+                 worker_id: str, stats: StageStats | None = None,
+                 mailbox_size: int = 4096) -> None:
         super().__init__(mailbox_size)
+        self.stats = stats or StageStats()
         self.policy = policy
         self.limits = limits
         self._engine = engine
@@ -74,7 +77,8 @@ class ValidatorActor(Actor):
 
     async def receive(self, incoming: Incoming) -> None:
         try:
-            job = self._validate(incoming)
+            with self.stats.timed("validate"):
+                job = self._validate(incoming)
         except PoolingError as err:
             await self._replier.send_error(incoming.reply, incoming.request_id, err, incoming.fmt)
             return

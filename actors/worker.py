@@ -10,11 +10,13 @@ import uuid
 import nats
 
 from actors.engine import EngineActor, EngineLimits
+from actors.discovery import Discovery
 from actors.events import EventPublisher, ensure_events_stream
 from actors.ingest import IngestActor
 from actors.model import LoadedModel
 from actors.replier import Replier
 from actors.runtime import Supervisor
+from actors.stats import StageStats
 from actors.settings import WorkerSettings
 from actors.task_policy import TaskPolicy, configured_task, score_uses_configured_task, supported_tasks
 from actors.validator import ModelLimits, ValidatorActor
@@ -32,12 +34,23 @@ def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
                           model.kind, model.num_labels, configured))
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("poolwire")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
 class Worker:
     def __init__(self, settings: WorkerSettings, model: LoadedModel) -> None:
         self.settings = settings
         self.model = model
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.stats = StageStats()
+        self.discovery: Discovery | None = None
         self.nc = None
         self.supervisor = Supervisor()
         self.ingest: IngestActor | None = None
@@ -54,20 +67,43 @@ class Worker:
         self.events = EventPublisher(self.nc, s.prefix)
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
-            max_wait_ms=s.max_wait_ms, max_queued_tokens=s.max_queued_tokens), self.events)
+            max_wait_ms=s.max_wait_ms, max_queued_tokens=s.max_queued_tokens), self.events,
+            self.stats)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length, self.model.hidden_size),
-            self.engine, replier, self.worker_id)
-        self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier)
+            self.engine, replier, self.worker_id, self.stats)
+        self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier, self.stats)
         for actor in (self.engine, self.validator, self.ingest):
             self.supervisor.start_actor(actor)
         self.supervisor.start_loop("engine-batches", self.engine.batch_loop,
                                    on_restart=self.engine.on_restart)
         await self.ingest.subscribe()
+        self.discovery = self._discovery(replier)
+        await self.discovery.start()
         await self.nc.flush()  # subscriptions reach the server before we say we are ready
         log.info("serving %s (task %s, supported %s, multitask %s) on %s.* queue %s",
                  self.model.name, self.policy.configured,
                  ", ".join(t.value for t in self.policy.supported), s.multitask, s.prefix, s.queue)
+
+    def _discovery(self, replier: Replier) -> Discovery:
+        s, policy = self.settings, self.policy
+        metadata = {"model": self.model.name, "configured_task": policy.configured.value,
+                    "supported_tasks": ",".join(t.value for t in policy.supported),
+                    "multitask": policy.multitask, "worker": self.worker_id}
+
+        def endpoint_stats() -> dict:
+            busy_ns = int(sum(self.stats.seconds.values()) * 1e9)
+            requests = self.ingest.received if self.ingest else 0
+            return {"num_requests": requests, "num_errors": replier.errors_sent,
+                    "last_error": "", "processing_time": busy_ns,
+                    "average_processing_time": busy_ns // requests if requests else 0,
+                    "data": self.stats.snapshot()}
+
+        return Discovery(self.nc, version=_version(), metadata=metadata,
+                         description="poolwire: pooling models over NATS (PROTOCOL.md v1)",
+                         endpoint={"name": "pooling", "subject": f"{s.prefix}.*",
+                                   "queue_group": s.queue},
+                         stats=endpoint_stats)
 
     @property
     def backlog(self) -> int:
@@ -79,6 +115,8 @@ class Worker:
             return
         if self.ingest is not None:
             await self.ingest.stop_intake()
+        if self.discovery is not None:
+            await self.discovery.stop()
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while self.backlog and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

@@ -1,0 +1,39 @@
+"""Where a worker's time goes, per stage, for `$SRV.STATS` and the benchmark."""
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+STAGES = ("decode", "validate", "tokenize", "plan", "forward", "pool", "encode", "publish")
+
+
+@dataclass
+class StageStats:
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    batches: int = 0
+    sequences: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] += seconds
+
+    @contextmanager
+    def timed(self, stage: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] += time.perf_counter() - started
+
+    def snapshot(self) -> dict:
+        padded = self.padded_tokens or 1
+        return {
+            "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
+            "batches": self.batches,
+            "sequences": self.sequences,
+            "mean_batch_size": round(self.sequences / self.batches, 2) if self.batches else 0.0,
+            "real_tokens": self.real_tokens,
+            "padded_tokens": self.padded_tokens,
+            "padding_waste": round(1 - self.real_tokens / padded, 4) if self.padded_tokens else 0.0,
+        }
