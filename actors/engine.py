@@ -66,7 +66,11 @@ class EngineActor(Actor):
         self._replier = replier
         self._tokenizing = Tokenizing(model.tokenizer, model.max_length)
         self._planner = BatchPlanner(limits.max_batch_tokens, limits.max_batch_size)
-        self._arrived = asyncio.Event()
+        self._wake = asyncio.Event()       # set on arrivals and when a forward pass ends
+        self._in_forward = 0                # batches handed to the forward thread, not yet done
+        self._last_delivery: asyncio.Task | None = None
+        self._last_arrival = 0.0
+        self._arrival_gap_s = float("inf")  # moving average of the gap between arrivals
         self._inflight: set[InFlight] = set()
         # One thread owns the forward pass: the model is never used from two threads at once.
         self._forward_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-forward")
@@ -92,7 +96,8 @@ class EngineActor(Actor):
             self._planner.add(QueuedItem(tokens=len(seq), priority=request.priority,
                                          deadline=job.deadline, group=plan.spec.forward,
                                          payload=(flight, i)))
-        self._arrived.set()
+        self._note_arrival()
+        self._wake.set()
         if job.deprecation is not None and self._publish_event is not None:
             await self._publish_event(job.deprecation)
 
@@ -111,12 +116,23 @@ class EngineActor(Actor):
                                        PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
                                        job.fmt, job.headers)
 
+    def _note_arrival(self) -> None:
+        now = time.monotonic()
+        if self._last_arrival:
+            gap = now - self._last_arrival
+            self._arrival_gap_s = gap if self._arrival_gap_s == float("inf") else \
+                0.8 * self._arrival_gap_s + 0.2 * gap
+        self._last_arrival = now
+
     def on_restart(self) -> None:
-        self._arrived.set()  # wake the batch loop in case work was queued before the crash
+        self._wake.set()  # wake the batch loop in case work was queued before the crash
 
     # ---- the batch loop (supervised separately from the mailbox loop) ----
 
     async def batch_loop(self) -> None:
+        """Plan batches and hand them to the forward thread, keeping at most one batch ready
+        while another computes (TEI's channel of size one): the model never waits for the event
+        loop to plan, pad or deliver, and results of batch N go out while N+1 computes."""
         loop = asyncio.get_running_loop()
         while True:
             await self._wait_for_batch()
@@ -130,19 +146,35 @@ class EngineActor(Actor):
                 flight, i = item.payload
                 seqs.append(flight.plan.sequences[i])
                 specs.append(flight.plan.spec)
-            try:
-                result = await loop.run_in_executor(self._forward_thread, run_batch,
-                                                    self.model, seqs, specs)
-            except Exception as exc:
-                log.exception("forward pass failed for a batch of %d sequences", len(batch))
-                for flight in {item.payload[0] for item in batch}:
-                    await self._fail(flight, PoolingError(ErrorCode.INTERNAL,
-                                                          f"the forward pass failed: {exc!r}"))
-                continue
+            self._in_forward += 1
+            future = loop.run_in_executor(self._forward_thread, run_batch, self.model, seqs, specs)
+            previous = self._last_delivery
+            self._last_delivery = asyncio.create_task(
+                self._complete(batch, seqs, future, previous), name="poolwire-deliver")
+
+    async def _complete(self, batch, seqs, future, previous: asyncio.Task | None) -> None:
+        try:
+            result = await future
+        except Exception as exc:
+            result = exc
+        finally:
+            self._in_forward -= 1
+            self._wake.set()
+        if previous is not None:
+            await asyncio.wait([previous])  # deliver in batch order: a request's frames stay ordered
+        flights = {item.payload[0] for item in batch}
+        try:
+            if isinstance(result, Exception):
+                raise result
             self._record(seqs, result)
             for item, value in zip(batch, result.outputs):
                 flight, i = item.payload
                 await self._deliver(flight, i, value)
+        except Exception as exc:  # nothing a client sent is lost without an answer
+            log.exception("a batch of %d sequences failed", len(batch))
+            for flight in flights:
+                await self._fail(flight, PoolingError(ErrorCode.INTERNAL,
+                                                      f"the batch failed: {exc!r}"))
 
     def _record(self, seqs, result) -> None:
         tokens = sum(len(s) for s in seqs)
@@ -156,21 +188,35 @@ class EngineActor(Actor):
         rate = tokens / max(result.forward_s + result.pool_s, 1e-6)
         self._tokens_per_s = rate if not self._tokens_per_s else 0.8 * self._tokens_per_s + 0.2 * rate
 
+    def _full_batch_queued(self) -> bool:
+        return (len(self._planner) >= self.limits.max_batch_size
+                or self._planner.queued_tokens >= self.limits.max_batch_tokens)
+
     async def _wait_for_batch(self) -> None:
-        """Block until work is queued; then, while less than a batch's worth is queued, wait at
-        most max_wait_ms for more so that arrivals close together share a forward pass."""
-        while not len(self._planner):
-            self._arrived.clear()
-            await self._arrived.wait()
-        until = time.monotonic() + self.limits.max_wait_ms / 1000.0
-        while (len(self._planner) < self.limits.max_batch_size
-               and self._planner.queued_tokens < self.limits.max_batch_tokens):
+        """Return when the next batch should be planned:
+        - a full batch's worth is queued (planned even while another batch computes, so it is
+          ready the moment the model is free);
+        - or the model is idle and work is queued: then wait at most max_wait_ms for more, but
+          only while arrivals are dense enough that another is expected within that time (a
+          lone request at low load runs at once instead of paying the wait)."""
+        while True:
+            if self._full_batch_queued() and self._in_forward < 2:
+                return
+            if len(self._planner) and not self._in_forward:
+                break
+            self._wake.clear()
+            await self._wake.wait()
+        wait_s = self.limits.max_wait_ms / 1000.0
+        if self._arrival_gap_s > wait_s:
+            return
+        until = time.monotonic() + wait_s
+        while not self._full_batch_queued():
             left = until - time.monotonic()
             if left <= 0:
                 return
-            self._arrived.clear()
+            self._wake.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), left)
+                await asyncio.wait_for(self._wake.wait(), left)
             except asyncio.TimeoutError:
                 return
 
@@ -183,8 +229,8 @@ class EngineActor(Actor):
                     f"deadline_ms {flight.job.request.deadline_ms} passed before the work was computed"))
 
     async def _fail(self, flight: InFlight, error: PoolingError) -> None:
-        if flight.failed:
-            return
+        if flight.failed or flight not in self._inflight:
+            return  # already answered: its error or its final frame went out
         flight.failed = True
         self._planner.remove_where(lambda item: item.payload[0] is flight)
         self._inflight.discard(flight)
@@ -247,4 +293,7 @@ class EngineActor(Actor):
             await self._replier.send(job.reply, body, job.headers)
 
     async def close(self) -> None:
+        if self._last_delivery is not None:
+            self._last_delivery.cancel()
+            await asyncio.gather(self._last_delivery, return_exceptions=True)
         self._forward_thread.shutdown(wait=True, cancel_futures=True)
