@@ -41,6 +41,8 @@ DEFAULT_CONFIGS = "inprocess,c1,c16,c64,4x32"
 QUICK_TEXTS = 200
 PREFIX = "bench.pooling"
 NOISY_CORES = 0.25           # other processes' load past which a row is flagged
+STATS_SERVICE = "poolwire"   # the workers' NATS micro service name ($SRV.STATS.poolwire)
+DERIVED_STATS = ("mean_batch_size", "padding_waste")
 SHORT_MAX_WORDS = 30         # workload sentences have at most ~12 words, passages at least 60
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -75,16 +77,12 @@ class Setup:
     per_request: int
 
     @property
-    def concurrency(self) -> int:
-        return self.connections * self.in_flight
-
-    @property
     def label(self) -> str:
         if self.connections == 1 and self.per_request == 1:
             return f"poolwire, concurrency {self.in_flight}, 1 text/request"
         per = "1 text" if self.per_request == 1 else f"{self.per_request} texts"
-        return f"poolwire, {self.connections} clients x {self.in_flight} in flight, {per}/request" \
-            if self.in_flight > 1 else f"poolwire, {self.connections} clients, {per}/request"
+        flight = f" x {self.in_flight} in flight" if self.in_flight > 1 else ""
+        return f"poolwire, {self.connections} clients{flight}, {per}/request"
 
 
 def parse_configs(spec: str) -> list[str | Setup]:
@@ -128,6 +126,7 @@ class Row:
     latency_unit: str = "request"
     short_latencies_ms: list[float] = field(default_factory=list)  # one-short-text requests
     cpu_s: dict[str, float] = field(default_factory=dict)           # where the CPU went
+    worker_stats: dict[str, float] = field(default_factory=dict)    # its $SRV.STATS, this phase
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -163,7 +162,6 @@ class Report:
     seed: int
     rows: list[Row]
     machine: str
-    worker_stats: dict[str, object] = field(default_factory=dict)
 
     def row(self, key: str) -> Row | None:
         return next((r for r in self.rows if r.key == key), None)
@@ -186,7 +184,7 @@ class Report:
             return None
         parts = [f"{r.key} {r.texts_per_s / base.texts_per_s:.2f}x"
                  for r in self.rows if not r.key.startswith("inprocess")]
-        return ("throughput vs in-process encode (batch 32): " + ", ".join(parts)) if parts else None
+        return (f"throughput vs {base.setup}: " + ", ".join(parts)) if parts else None
 
     def markdown(self) -> str:
         base = self.baseline
@@ -200,16 +198,16 @@ class Report:
         out = ["\n".join(lines), "",
                f"{self.texts} texts (actors.workload.mixed_texts, seed {self.seed}: 70% short "
                f"sentences, 30% passages of 60-200 words), {self.machine}. Latency is per request "
-               f"for poolwire, per batch of 32 for the in-process batch encode (its batches are "
-               f"length-sorted), per call for encode([short]). Peak RSS is VmHWM of the worker "
+               f"for poolwire, per batch for the in-process batch encode (which sorts its batches "
+               f"by length), per call for encode([short]). Peak RSS is VmHWM of the worker "
                f"process, or of the in-process run's own process.",
                "", f"command: {self.command}"]
         for line in (self.throughput_comparison(), self.latency_comparison()):
             if line:
                 out.append(line)
         if any(r.cpu_s for r in self.rows):
-            out += ["", "CPU seconds during the measured phase (2-core machines: the load "
-                        "generator and the worker share the cores):", "",
+            out += ["", f"CPU seconds during the measured phase (the load generator and the "
+                        f"worker share this machine's {os.cpu_count()} cores):", "",
                     "| setup | wall s | worker event loop | worker other threads (forward pass) "
                     "| load generator | in-process run | other processes (cores) |",
                     "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -225,16 +223,35 @@ class Report:
                 out += ["", "warning: other processes kept the machine busy during "
                         + ", ".join(f"{r.key} ({r.cpu_s['background']:.2f} cores)" for r in noisy)
                         + "; those numbers understate this machine: rerun on a quiet one"]
-        for key, stats in self.worker_stats.items():
-            out.append(f"worker stats ({key}): {json.dumps(stats)}")
+        out += self._stats_table()
         return "\n".join(out)
+
+    def _stats_table(self) -> list[str]:
+        rows = [r for r in self.rows if r.worker_stats]
+        if not rows:
+            return []
+        stages = []
+        for r in rows:
+            stages += [k for k in r.worker_stats if k.startswith("seconds.") and k not in stages]
+        head = ["setup", "wall s", "requests", "batches", "seqs/batch", "padding waste",
+                *(k.split(".", 1)[1] for k in stages)]
+        out = ["", "The worker's own time breakdown ($SRV.STATS, measured phase only; stage "
+                   "seconds are wall time, summed over requests or batches):", "",
+               "| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+        for r in rows:
+            s = r.worker_stats
+            get = lambda k, f: format(s[k], f) if k in s else ""  # noqa: E731
+            cells = [r.setup, f"{r.wall_s:.2f}", get("num_requests", ".0f"), get("batches", ".0f"),
+                     get("mean_batch_size", ".1f"), get("padding_waste", ".1%"),
+                     *(get(k, ".3f") for k in stages)]
+            out.append("| " + " | ".join(cells) + " |")
+        return out
 
     def to_json(self) -> dict:
         return {"command": self.command, "texts": self.texts, "seed": self.seed,
                 "machine": self.machine, "rows": [r.summary() for r in self.rows],
                 "latency_comparison": self.latency_comparison(),
-                "throughput_comparison": self.throughput_comparison(),
-                "worker_stats": self.worker_stats}
+                "throughput_comparison": self.throughput_comparison()}
 
 
 # ---- processes -----------------------------------------------------------------------------
@@ -246,6 +263,7 @@ def _child_env(torch_threads: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["HF_HUB_OFFLINE"] = "1"
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bar
     if torch_threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)
     root = str(Path(__file__).resolve().parent.parent)
@@ -537,6 +555,7 @@ class LoadResult:
     client_cpu_s: float
     worker_cpu_s: dict[str, float]
     background_cores: float
+    worker_stats: dict[str, float] | None = None
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -595,6 +614,7 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
 
         if settle_s > 0:
             await asyncio.to_thread(wait_for_quiet, settle_s, label=label)
+        stats_before = await worker_stats(conns[0]) if worker_pid else None
         meter = BackgroundMeter()
         cpu_before = thread_cpu_s(worker_pid) if worker_pid else {}
         client_cpu0 = time.process_time()
@@ -608,6 +628,7 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
         client_cpu = time.process_time() - client_cpu0
         cpu_after = thread_cpu_s(worker_pid) if worker_pid else {}
         background = meter.cores()
+        stats_after = await worker_stats(conns[0]) if stats_before is not None else None
     finally:
         for c in conns:
             await c.close()
@@ -632,27 +653,53 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
         elif b - a == 1 and is_short(texts[a]):
             short_lat.append(lat)
     worker_cpu = {k: cpu_after[k] - cpu_before[k] for k in cpu_after} if cpu_before else {}
+    stats = stats_delta(stats_before, stats_after) if stats_before and stats_after else None
     return LoadResult(wall, latencies, short_lat, errors, samples, mismatches, client_cpu,
-                      worker_cpu, background)
+                      worker_cpu, background, stats)
 
 
-async def _worker_stats(url: str) -> object | None:
-    """The worker's own time breakdown, if it exposes one as a NATS micro service ($SRV.STATS);
-    None when nothing answers."""
-    import nats
-
-    nc = await nats.connect(url)
+async def worker_stats(nc) -> dict[str, float] | None:
+    """The worker's own counters ($SRV.STATS of the `poolwire` micro service, summed over its
+    endpoints), flattened to {"seconds.forward": ..., "batches": ...}; None when the worker
+    does not answer (older workers expose nothing)."""
     try:
-        msg = await nc.request("$SRV.STATS", b"", timeout=0.5)
-        return json.loads(msg.data)
+        msg = await nc.request(f"$SRV.STATS.{STATS_SERVICE}", b"", timeout=1.0)
+        endpoints = json.loads(msg.data).get("endpoints") or []
     except Exception:
         return None
-    finally:
-        await nc.close()
+    flat: dict[str, float] = {}
+    for ep in endpoints:
+        items = {"num_requests": ep.get("num_requests"), "num_errors": ep.get("num_errors"),
+                 "processing_time_s": (ep.get("processing_time") or 0) / 1e9,  # nanoseconds
+                 **_flatten(ep.get("data") or {})}
+        for k, v in items.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                flat[k] = flat.get(k, 0) + v
+    return flat
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def stats_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counters of the measured phase alone (warm-up excluded); ratios recomputed."""
+    delta = {k: after[k] - before[k] for k in after if k in before and k not in DERIVED_STATS}
+    if delta.get("batches"):
+        delta["mean_batch_size"] = delta.get("sequences", 0) / delta["batches"]
+    if delta.get("padded_tokens"):
+        delta["padding_waste"] = 1 - delta.get("real_tokens", 0) / delta["padded_tokens"]
+    return delta
 
 
 def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], truncate: bool,
-                 args: argparse.Namespace, workdir: Path, report: Report) -> Row:
+                 args: argparse.Namespace, workdir: Path) -> Row:
     profile = Path(args.profile_worker) / f"worker-{setup.key}.prof" if args.profile_worker else None
     worker = WorkerProcess(url, args.model, shlex.split(args.worker_args or ""),
                            workdir / f"worker-{setup.key}.log", profile, args.torch_threads)
@@ -668,15 +715,13 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
                                    warmup=mixed_texts(64, seed=args.seed + 1),
                                    settle_s=args.settle_s))
         rss = peak_rss_mib(worker.pid)
-        stats = asyncio.run(_worker_stats(url))
-        if stats is not None:
-            report.worker_stats[setup.key] = stats
     finally:
         worker.stop()
     if profile is not None and profile.exists():
         _print_profile(profile, setup.label)
     row = Row(setup.key, setup.label, len(texts), sum(tokens), result.wall_s, result.latencies_ms,
               rss, requests=len(result.latencies_ms), errors=result.errors,
+              worker_stats=result.worker_stats or {},
               short_latencies_ms=result.short_latencies_ms,
               cpu_s={"worker_main": result.worker_cpu_s.get("main", math.nan),
                      "worker_other": result.worker_cpu_s.get("other", math.nan),
@@ -761,8 +806,11 @@ def _machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if args.texts is not None and args.texts < 1:
+    if args.texts < 1:
         build_parser().error("--texts must be at least 1")
+    if args.profile_worker and Path(args.profile_worker).exists() and not Path(args.profile_worker).is_dir():
+        build_parser().error(f"--profile-worker {args.profile_worker}: exists and is not a folder; "
+                             f"name a folder for the worker-<setup>.prof files")
     if args.quick and "--texts" not in argv and not any(a.startswith("--texts=") for a in argv):
         args.texts = QUICK_TEXTS
     if args.latency_reps is None:
@@ -819,7 +867,7 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
                     url = server.start()
                     _log(f"nats-server at {url}")
                 report.rows.append(run_poolwire(config, url, texts, tokens, truncate, args,
-                                                Path(tmp), report))
+                                                Path(tmp)))
         finally:
             if server is not None:
                 server.stop()

@@ -1,0 +1,63 @@
+"""Smoke test of the throughput benchmark's harness (actors/benchmark.py) on a tiny workload:
+every request answered, the report has its rows and columns, and every number is finite. It
+never asserts on speed: benchmarks print numbers, tests check that they were measured."""
+
+import argparse
+import json
+import math
+
+import pytest
+
+from actors import benchmark
+from actors.benchmark import Setup, parse_configs, percentile
+
+COLUMNS = "| setup | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process |"
+
+
+def test_parse_configs_names_every_setup():
+    assert parse_configs("inprocess, c1,c64,4x32") == [
+        "inprocess", Setup("c1", 1, 1, 1), Setup("c64", 1, 64, 1), Setup("4x32", 4, 1, 32)]
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown setup 'fast'"):
+        parse_configs("c1,fast")
+    with pytest.raises(argparse.ArgumentTypeError, match="at least 1"):
+        parse_configs("c0")
+
+
+def test_percentile_interpolates_like_numpy():
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 99) == pytest.approx(9.9)
+    assert math.isnan(percentile([], 50))
+
+
+@pytest.mark.timeout(280)
+def test_small_run_answers_every_request_and_reports_every_row(tmp_path, capsys):
+    out_json = tmp_path / "bench.json"
+    rc = benchmark.main(["--texts", "40", "--configs", "inprocess,c1,c4", "--latency-reps", "10",
+                         "--settle-s", "0", "--json", str(out_json)])
+    stdout = capsys.readouterr().out
+    assert rc == 0, stdout
+
+    report = json.loads(out_json.read_text())
+    rows = {r["key"]: r for r in report["rows"]}
+    assert list(rows) == ["inprocess", "inprocess-1", "c1", "c4"]
+    for key in ("c1", "c4"):
+        assert rows[key]["requests"] == 40 and rows[key]["errors"] == 0, rows[key]["notes"]
+        assert rows[key]["texts"] == 40 and not rows[key]["notes"]  # token counts agree too
+    assert rows["inprocess"]["texts"] == 40
+    assert rows["inprocess-1"]["requests"] == 10
+    for row in rows.values():
+        for name in ("texts_per_s", "tokens_per_s", "p50_ms", "p99_ms", "peak_rss_mib", "wall_s"):
+            assert math.isfinite(row[name]) and row[name] > 0, (row["key"], name, row[name])
+        assert row["p99_ms"] >= row["p50_ms"]
+    assert math.isfinite(rows["c1"]["short_p50_ms"])
+
+    lines = stdout.splitlines()
+    header = lines.index(COLUMNS)
+    table = lines[header + 2: header + 2 + len(rows)]
+    assert len(table) == 4 and all(line.count("|") == 8 for line in table)
+    assert table[0].startswith("| in-process encode, batch size 32 |")
+    assert table[0].endswith("| 1.00x |")
+    assert any(line.startswith("command: ") and "--texts 40" in line for line in lines)
+    assert any(line.startswith("latency, one short text: poolwire at concurrency 1 p50 ")
+               for line in lines)
+    assert report["latency_comparison"] and report["throughput_comparison"]
