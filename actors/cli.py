@@ -32,6 +32,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-batch-tokens", type=int, help="padded tokens per forward pass")
     p.add_argument("--max-batch-size", type=int, help="sequences per forward pass")
     p.add_argument("--max-wait-ms", type=float, help="wait for more work when a batch is not full")
+    p.add_argument("--max-added-padding", type=int,
+                   help="padding tokens an item may add to join a batch (default 16)")
     p.add_argument("--max-queued-tokens", type=int, help="admission bound (then: overloaded)")
     p.add_argument("--drain-timeout-s", type=float, help="how long Ctrl-C waits for in-flight work")
 
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _client_parser(sub, "score", "score text_1 against each text_2 and print JSON")
     p.add_argument("text_1")
     p.add_argument("text_2", nargs="+")
+    p = sub.add_parser("bench", add_help=False,
+                       help="in-process Sentence-Transformers vs a poolwire worker over NATS "
+                            "(options: poolwire bench --help)")
     p = _client_parser(sub, "events", "print deprecation events as JSON lines")
     p.add_argument("--count", type=int, default=0, help="stop after this many (0: run until Ctrl-C)")
     return parser
@@ -65,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 SERVE_KEYS = ("model", "model_name", "task", "multitask", "prefix", "queue", "nats_url",
               "nats_port", "state_dir", "max_batch_tokens", "max_batch_size", "max_wait_ms",
-              "max_queued_tokens", "drain_timeout_s")
+              "max_added_padding", "max_queued_tokens", "drain_timeout_s")
 
 
 async def serve(settings: WorkerSettings) -> int:
@@ -145,6 +150,11 @@ async def tail_events(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # every option after `bench` is the benchmark's own
+        from actors.benchmark import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

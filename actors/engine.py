@@ -32,6 +32,7 @@ class EngineLimits:
     max_batch_tokens: int = 8192     # padded tokens (batch x longest) per forward pass
     max_batch_size: int = 64
     max_wait_ms: float = 2.0         # wait this long for more work when a batch is not full
+    max_added_padding: int = 16      # padding tokens an item may add to join a batch
     max_queued_tokens: int = 262144  # admission bound; past it requests get `overloaded`
 
 
@@ -65,7 +66,8 @@ class EngineActor(Actor):
         self.limits = limits
         self._replier = replier
         self._tokenizing = Tokenizing(model.tokenizer, model.max_length)
-        self._planner = BatchPlanner(limits.max_batch_tokens, limits.max_batch_size)
+        self._planner = BatchPlanner(limits.max_batch_tokens, limits.max_batch_size,
+                                     limits.max_added_padding)
         self._wake = asyncio.Event()       # set on arrivals and when a forward pass ends
         self._in_forward = 0                # batches handed to the forward thread, not yet done
         self._last_delivery: asyncio.Task | None = None

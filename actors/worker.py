@@ -67,7 +67,8 @@ class Worker:
         self.events = EventPublisher(self.nc, s.prefix)
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
-            max_wait_ms=s.max_wait_ms, max_queued_tokens=s.max_queued_tokens), self.events,
+            max_wait_ms=s.max_wait_ms, max_added_padding=s.max_added_padding,
+            max_queued_tokens=s.max_queued_tokens), self.events,
             self.stats)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length, self.model.hidden_size),

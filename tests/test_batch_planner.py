@@ -36,7 +36,7 @@ def test_budgets_hold_and_every_item_is_planned_once(items, max_tokens, max_size
     assert len(planner) == 0 and planner.queued_tokens == 0
 
 
-def test_padding_waste_on_a_mixed_workload_stays_below_15_percent():
+def test_padding_waste_on_a_mixed_workload_stays_below_10_percent():
     rng = random.Random(0)
     planner = BatchPlanner(max_batch_tokens=8192, max_batch_size=64)
     # 70% short (8-30 tokens), 30% long (80-256 tokens), as in the benchmark's workload.
@@ -47,7 +47,7 @@ def test_padding_waste_on_a_mixed_workload_stays_below_15_percent():
         padded += max(i.tokens for i in batch) * len(batch)
         real += sum(i.tokens for i in batch)
     waste = 1 - real / padded
-    assert waste < 0.15, waste  # about 10% measured; an unsorted batcher wastes about 75% (issue 5)
+    assert waste < 0.10, waste  # 6% measured; an unsorted batcher wastes about 75% (issue 5)
 
 
 def test_lower_priority_runs_first_then_arrival_order():
@@ -75,10 +75,10 @@ def test_a_long_item_is_not_starved_by_a_stream_of_short_newer_ones():
 
 def test_items_of_similar_length_share_a_batch():
     planner = BatchPlanner(max_batch_tokens=4096, max_batch_size=4)
-    for tokens in [10, 200, 12, 210, 11, 205, 9, 220]:
+    for tokens in [10, 200, 12, 206, 11, 203, 9, 205]:
         planner.add(QueuedItem(tokens=tokens))
     batches = [sorted(i.tokens for i in b) for b in drain(planner)]
-    assert batches == [[9, 10, 11, 12], [200, 205, 210, 220]]
+    assert batches == [[9, 10, 11, 12], [200, 203, 205, 206]]
 
 
 def test_expired_items_are_taken_out_and_never_planned():
@@ -100,6 +100,14 @@ def test_remove_where_takes_out_a_failed_requests_items():
         planner.add(QueuedItem(tokens=5, payload=payload))
     assert len(planner.remove_where(lambda i: i.payload == "x")) == 2
     assert [i.payload for i in planner.next_batch()] == ["y"]
+
+
+def test_an_item_that_would_add_too_much_padding_waits_for_a_later_batch():
+    planner = BatchPlanner(max_batch_tokens=4096, max_batch_size=8, max_added_padding=16)
+    for tokens in [100, 101, 150]:
+        planner.add(QueuedItem(tokens=tokens))
+    # 150 next to two items of ~100 tokens would pad 99 tokens: it runs on its own.
+    assert [[i.tokens for i in b] for b in drain(planner)] == [[100, 101], [150]]
 
 
 def test_bad_budgets_are_refused():
