@@ -45,7 +45,8 @@ class InFlight:
     style: ReplyStyle
     remaining: int
     outputs: dict[int, np.ndarray] = field(default_factory=dict)
-    failed: bool = False
+    failed: bool = False    # its error frame went out
+    answered: bool = False  # its final frame went out
 
     @property
     def keeps_outputs(self) -> bool:
@@ -231,8 +232,8 @@ class EngineActor(Actor):
                     f"deadline_ms {flight.job.request.deadline_ms} passed before the work was computed"))
 
     async def _fail(self, flight: InFlight, error: PoolingError) -> None:
-        if flight.failed or flight not in self._inflight:
-            return  # already answered: its error or its final frame went out
+        if flight.failed or flight.answered:
+            return  # its error or its final frame already went out
         flight.failed = True
         self._planner.remove_where(lambda item: item.payload[0] is flight)
         self._inflight.discard(flight)
@@ -267,9 +268,10 @@ class EngineActor(Actor):
                 await self._publish(job, body)
 
     async def _finish(self, flight: InFlight) -> None:
-        self._inflight.discard(flight)
         job, plan = flight.job, flight.plan
         if not job.reply:
+            flight.answered = True
+            self._inflight.discard(flight)
             return
         if plan.pairs is not None:
             items = list(enumerate(cosine_items(plan, flight.outputs)))
@@ -288,6 +290,8 @@ class EngineActor(Actor):
                 body = one_reply(job.request_id, self.model.name, job.task.value, wire,
                                  plan.prompt_tokens, flight.style, self._replier.max_payload,
                                  job.headers, warnings, labels)
+        flight.answered = True
+        self._inflight.discard(flight)
         await self._publish(job, body)
 
     async def _publish(self, job: Job, body: bytes) -> None:

@@ -69,8 +69,11 @@ def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -
         for row, spec in enumerate(specs):
             groups[spec].append(row)
         for spec, rows in groups.items():
-            index = torch.tensor(rows)
-            part, part_len = out.index_select(0, index), lengths.index_select(0, index)
+            if len(rows) == len(seqs):  # one spec for the whole batch: no gather needed
+                part, part_len = out, lengths
+            else:
+                index = torch.tensor(rows)
+                part, part_len = out.index_select(0, index), lengths.index_select(0, index)
             for row, value in zip(rows, _pool(spec, part, part_len)):
                 results[row] = value
     return BatchResult(results, forwarded - started, time.perf_counter() - forwarded)  # type: ignore[arg-type]
