@@ -48,8 +48,10 @@ class NatsServer:
             conf = self.store_dir / "nats-server.conf"
             conf.write_text(f"max_payload: {self.max_payload}\n")
             args += ["-c", str(conf)]
+        # A session of its own: Ctrl-C in a terminal signals the whole foreground process group,
+        # and the server must outlive the worker's drain; the worker stops it afterwards.
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE)
+                                      stderr=subprocess.PIPE, start_new_session=True)
         ports_file = ports_dir / f"nats-server_{self._proc.pid}.ports"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -8,6 +8,7 @@ import time
 import uuid
 
 import nats
+import nats.errors
 
 from actors.engine import EngineActor, EngineLimits
 from actors.discovery import Discovery
@@ -111,14 +112,19 @@ class Worker:
         return sum(a.backlog for a in (self.ingest, self.validator, self.engine) if a is not None)
 
     async def stop(self) -> None:
-        """Drain: stop intake, answer everything in flight (up to drain_timeout_s), then close."""
+        """Drain: stop intake, answer everything in flight (up to drain_timeout_s), then close.
+        Each step is bounded, so a lost server connection cannot hang the shutdown."""
         if self.nc is None:
             return
-        if self.ingest is not None:
-            await self.ingest.stop_intake()
-        if self.discovery is not None:
-            await self.discovery.stop()
-        deadline = time.monotonic() + self.settings.drain_timeout_s
+        timeout = self.settings.drain_timeout_s
+        deadline = time.monotonic() + timeout
+        try:
+            if self.ingest is not None:
+                await asyncio.wait_for(self.ingest.stop_intake(), timeout)
+            if self.discovery is not None:
+                await asyncio.wait_for(self.discovery.stop(), timeout)
+        except (asyncio.TimeoutError, nats.errors.Error) as exc:
+            log.warning("could not unsubscribe cleanly (%r); closing", exc)
         while self.backlog and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if self.backlog:
@@ -126,11 +132,15 @@ class Worker:
         await self.supervisor.stop()
         if self.engine is not None:
             await self.engine.close()
-        if self.nc.is_connected:
-            await self.nc.drain()
-        else:
-            await self.nc.close()
-        self.nc = None
+        try:
+            if self.nc.is_connected:
+                await asyncio.wait_for(self.nc.drain(), max(1.0, deadline - time.monotonic()))
+        except (asyncio.TimeoutError, nats.errors.Error) as exc:
+            log.warning("could not drain the NATS connection (%r)", exc)
+        finally:
+            if not self.nc.is_closed:
+                await self.nc.close()
+            self.nc = None
 
     async def __aenter__(self) -> "Worker":
         return self
