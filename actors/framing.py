@@ -56,14 +56,8 @@ def one_reply(request_id: str, model: str, task: str, items: list[dict[str, Any]
               headers: dict[str, str] | None = None, warnings: list[str] | None = None,
               labels: list[str] | None = None) -> bytes:
     """The whole answer as one message, or PoolingError(payload_too_large) if it cannot fit."""
-    frame: dict[str, Any] = {
-        "request_id": request_id, "model": model, "task": task, "data": items,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
-    if labels:
-        frame["labels"] = labels
-    if warnings:
-        frame["warnings"] = warnings
+    frame = _closing(request_id, model, task, prompt_tokens, warnings, labels)
+    frame["data"] = items
     body = encode(frame, style.fmt)
     limit = max_payload - header_bytes(headers)
     if len(body) > limit:
@@ -115,15 +109,23 @@ def item_frames(request_id: str, index: int, values: np.ndarray, style: ReplySty
 
 def done_frame(request_id: str, model: str, task: str, prompt_tokens: int, style: ReplyStyle,
                warnings: list[str] | None = None, labels: list[str] | None = None) -> bytes:
+    frame = _closing(request_id, model, task, prompt_tokens, warnings, labels)
+    frame["done"] = True
+    return encode(frame, style.fmt)
+
+
+def _closing(request_id: str, model: str, task: str, prompt_tokens: int,
+             warnings: list[str] | None, labels: list[str] | None) -> dict[str, Any]:
+    """What a request's last frame says, whether it is the one reply or the `done` frame."""
     frame: dict[str, Any] = {
-        "request_id": request_id, "done": True, "model": model, "task": task,
+        "request_id": request_id, "model": model, "task": task,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
     if labels:
         frame["labels"] = labels
     if warnings:
         frame["warnings"] = warnings
-    return encode(frame, style.fmt)
+    return frame
 
 
 def error_frame(request_id: str, error: PoolingError, fmt: WireFormat) -> tuple[bytes, dict[str, str]]:
