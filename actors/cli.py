@@ -79,17 +79,23 @@ async def serve(settings: WorkerSettings) -> int:
     from actors.task_policy import TaskConfigError
     from actors.worker import Worker
 
-    model = load_model(settings.model or bundled_model_dir(), settings.model_name)
     try:
+        model = load_model(settings.model or bundled_model_dir(), settings.model_name)
         worker = Worker(settings, model)
-    except TaskConfigError as exc:
+    except (TaskConfigError, ValueError, OSError) as exc:
         print(f"poolwire: {exc}", file=sys.stderr)
         return 2
     server = None
     url = settings.nats_url
     if url is None:
         server = NatsServer(store_dir=settings.state_dir / "nats", port=settings.nats_port)
-        url = server.start()
+        try:
+            url = server.start()
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            print(f"poolwire: could not start the embedded nats-server on port "
+                  f"{settings.nats_port} ({exc}); pass --nats-port -1 for any free port, or "
+                  f"--nats-url to join a running server", file=sys.stderr)
+            return 2
         print(f"poolwire: started an embedded nats-server (JetStream) at {url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
