@@ -30,7 +30,7 @@ class QueuedItem:
     group: str = ""           # items of one batch share this (the forward kind)
     payload: Any = None
     seq_no: int = field(default=-1)  # arrival order, set by the planner
-    planned: bool = False     # taken into a batch or expired: lazy deletion from the indexes
+    planned: bool = False     # batched, expired or discarded: lazily dropped from the indexes
 
 
 class BatchPlanner:
@@ -84,12 +84,11 @@ class BatchPlanner:
             heapq.heappop(self._deadlines)
         return self._deadlines[0][0] if self._deadlines else None
 
-    def remove_where(self, predicate) -> list[QueuedItem]:
-        """Take out queued items matching `predicate` (a request that failed): O(queue)."""
-        out = [item for _, _, item in self._order if not item.planned and predicate(item)]
-        for item in out:
+    def discard(self, item: QueuedItem) -> None:
+        """Take out a queued item that must not run (its request already failed); O(1), the
+        indexes drop it lazily."""
+        if not item.planned:
             self._take(item)
-        return out
 
     def next_batch(self) -> list[QueuedItem]:
         """The next micro-batch, head first; empty when nothing is queued."""

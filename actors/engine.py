@@ -45,6 +45,7 @@ class InFlight:
     style: ReplyStyle
     remaining: int
     outputs: dict[int, np.ndarray] = field(default_factory=dict)
+    queued: list[QueuedItem] = field(default_factory=list)  # its sequences in the planner
     failed: bool = False    # its error frame went out
     answered: bool = False  # its final frame went out
 
@@ -96,9 +97,10 @@ class EngineActor(Actor):
         flight = InFlight(job, plan, style, remaining=len(plan.sequences))
         self._inflight.add(flight)
         for i, seq in enumerate(plan.sequences):
-            self._planner.add(QueuedItem(tokens=len(seq), priority=request.priority,
-                                         deadline=job.deadline, group=plan.spec.forward,
-                                         payload=(flight, i)))
+            item = QueuedItem(tokens=len(seq), priority=request.priority, deadline=job.deadline,
+                              group=plan.spec.forward, payload=(flight, i))
+            flight.queued.append(item)
+            self._planner.add(item)
         self._note_arrival()
         self._wake.set()
         if job.deprecation is not None and self._publish_event is not None:
@@ -235,7 +237,8 @@ class EngineActor(Actor):
         if flight.failed or flight.answered:
             return  # its error or its final frame already went out
         flight.failed = True
-        self._planner.remove_where(lambda item: item.payload[0] is flight)
+        for item in flight.queued:
+            self._planner.discard(item)
         self._inflight.discard(flight)
         job = flight.job
         await self._replier.send_error(job.reply, job.request_id, error, job.fmt, job.headers)

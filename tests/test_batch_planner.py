@@ -94,12 +94,16 @@ def test_expired_items_are_taken_out_and_never_planned():
     assert keep in batch and not any(g in batch for g in gone) and len(batch) == 2
 
 
-def test_remove_where_takes_out_a_failed_requests_items():
+def test_discarded_items_of_a_failed_request_never_run():
     planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=10)
-    for payload in ["x", "y", "x"]:
-        planner.add(QueuedItem(tokens=5, payload=payload))
-    assert len(planner.remove_where(lambda i: i.payload == "x")) == 2
-    assert [i.payload for i in planner.next_batch()] == ["y"]
+    items = [QueuedItem(tokens=5, payload=p) for p in ["x", "y", "x"]]
+    for item in items:
+        planner.add(item)
+    for item in (items[0], items[2], items[2]):  # discarding twice is harmless
+        planner.discard(item)
+    assert len(planner) == 1 and planner.queued_tokens == 5
+    assert [[i.payload for i in b] for b in drain(planner)] == [["y"]]
+    assert len(planner) == 0
 
 
 def test_an_item_that_would_add_too_much_padding_waits_for_a_later_batch():
