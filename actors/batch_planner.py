@@ -101,8 +101,11 @@ class BatchPlanner:
         batch, longest = [head], head.tokens
         priorities = sorted(p for g, p in self._buckets if g == head.group)
         priorities.sort(key=lambda p: p != head.priority)  # the head's own priority first
+        def may_fit(key: int) -> bool:  # sees the batch as it grows (late binding)
+            return self._bucket_may_fit(key, longest, len(batch))
+
         for priority in priorities:
-            for item in self._closest(head.group, priority, head.tokens // self._width):
+            for item in self._closest(head.group, priority, head.tokens // self._width, may_fit):
                 if len(batch) >= self.max_batch_size:
                     return batch
                 new_longest = max(longest, item.tokens)
@@ -115,15 +118,27 @@ class BatchPlanner:
                 longest = new_longest
         return batch
 
-    def _closest(self, group: str, priority: int, centre: int):
-        """Live items of (group, priority), bucket by bucket outward from `centre`; within a
-        bucket, oldest first. Spent entries are dropped as they are met."""
+    def _bucket_may_fit(self, key: int, longest: int, count: int) -> bool:
+        """Whether any item of bucket `key` could join a batch of `count` items padded to
+        `longest`; skipping hopeless buckets keeps planning cheap when the queue is long."""
+        low, high = key * self._width, (key + 1) * self._width - 1
+        if low > longest:  # every item of the bucket lengthens the batch
+            return ((low - longest) * count <= self.max_added_padding
+                    and low * (count + 1) <= self.max_batch_tokens)
+        if high < longest:  # every item of the bucket is shorter than the batch
+            return longest - high <= self.max_added_padding
+        return True
+
+    def _closest(self, group: str, priority: int, centre: int, may_fit):
+        """Live items of (group, priority), bucket by bucket outward from `centre`, skipping
+        buckets that `may_fit` rules out; within a bucket, oldest first. Spent entries are
+        dropped as they are met."""
         buckets = self._buckets.get((group, priority), {})
         keys = sorted(buckets, key=lambda k: (abs(k - centre), k))
         for key in keys:
             bucket = buckets[key]
-            if key * self._width > self.max_batch_tokens:
-                continue  # even one item of this bucket is over the budget with the head
+            if not may_fit(key):
+                continue
             for item in list(bucket):
                 if item.planned:
                     continue
