@@ -21,6 +21,9 @@ def _serve_parser(sub) -> None:
                                    "(and NATS_URL for --nats-url).")
     p.add_argument("--model", help="model folder (default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--model-name", help="model name in replies (default: the folder's name)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: CUDA when present)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+                   help="model dtype (default float32)")
     p.add_argument("--task", help="the configured task (default: the priority rule)")
     p.add_argument("--multitask", choices=["warn", "reject"],
                    help="requests on other supported tasks: warn (default) or reject")
@@ -68,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SERVE_KEYS = ("model", "model_name", "task", "multitask", "prefix", "queue", "nats_url",
+SERVE_KEYS = ("model", "model_name", "device", "dtype", "task", "multitask", "prefix", "queue", "nats_url",
               "nats_port", "state_dir", "max_batch_tokens", "max_batch_size", "max_wait_ms",
               "max_added_padding", "max_queued_tokens", "drain_timeout_s")
 
@@ -80,7 +83,8 @@ async def serve(settings: WorkerSettings) -> int:
     from actors.worker import Worker
 
     try:
-        model = load_model(settings.model or bundled_model_dir(), settings.model_name)
+        model = load_model(settings.model or bundled_model_dir(), settings.model_name,
+                           settings.device, settings.dtype)
         worker = Worker(settings, model)
     except (TaskConfigError, ValueError, OSError) as exc:
         print(f"poolwire: {exc}", file=sys.stderr)

@@ -55,7 +55,8 @@ def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -
         raise ValueError("a micro-batch must need one kind of forward pass")
     started = time.perf_counter()
     pad_id = model.tokenizer.pad_token_id or 0
-    ids, mask, types, lengths = pad_batch(seqs, pad_id)
+    ids, mask, types, lengths = (t.to(model.device, non_blocking=True)
+                                 for t in pad_batch(seqs, pad_id))
     with torch.inference_mode():
         if forward == Forward.HIDDEN:
             out = model.encoder_hidden(ids, mask, types)         # [B, T, H]

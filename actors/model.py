@@ -116,6 +116,10 @@ class LoadedModel:
     multi_label: bool = False
 
     @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    @property
     def num_labels(self) -> int:
         return len(self.id2label)
 
@@ -151,8 +155,23 @@ class LoadedModel:
                            token_type_ids=token_type_ids).logits
 
 
-def load_model(folder: str | Path, name: str | None = None, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a model from a local folder (never a hub: HF_HUB_OFFLINE is set by the caller)."""
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto": the first CUDA device when there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but torch sees no CUDA device")
+    return resolved
+
+
+def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
+               dtype: str = "float32") -> LoadedModel:
+    """Load a model from a local folder (never a hub: HF_HUB_OFFLINE is set by the caller)
+    onto `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16)."""
     from transformers import (AutoConfig, AutoModel, AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
 
@@ -165,7 +184,10 @@ def load_model(folder: str | Path, name: str | None = None, dtype: torch.dtype =
     loader = {ModelKind.ENCODER: AutoModel,
               ModelKind.SEQUENCE_CLASSIFICATION: AutoModelForSequenceClassification,
               ModelKind.TOKEN_CLASSIFICATION: AutoModelForTokenClassification}[kind]
-    module = loader.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    target = resolve_device(device)
+    module = loader.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype]).eval().to(target)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     st = read_sentence_transformers_config(path) or SentenceTransformersConfig()
     max_len = max_model_length(st.max_seq_length, getattr(tokenizer, "model_max_length", None),
@@ -182,6 +204,7 @@ def load_model(folder: str | Path, name: str | None = None, dtype: torch.dtype =
         id2label=id2label,
         multi_label=getattr(config, "problem_type", None) == "multi_label_classification",
     )
-    log.info("loaded %s (%s, %s) from %s: max length %d, pooling %s, normalize %s",
-             model.name, architecture, kind, path, max_len, model.pooling_method, model.normalize_default)
+    log.info("loaded %s (%s, %s) from %s on %s (%s): max length %d, pooling %s, normalize %s",
+             model.name, architecture, kind, path, target, dtype, max_len, model.pooling_method,
+             model.normalize_default)
     return model

@@ -13,6 +13,9 @@ class WorkerSettings(BaseModel):
 
     model: Path | None = Field(None, description="model folder; default: the bundled all-MiniLM-L6-v2")
     model_name: str | None = Field(None, description="name in replies; default: the folder's name")
+    device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (CUDA when present)")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="the model's weights and activations")
     task: str | None = Field(None, description="the configured task; default: the priority rule")
     multitask: Literal["warn", "reject"] = Field(
         "warn", description="requests on other supported tasks: served with a warning, or refused")
