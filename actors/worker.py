@@ -64,7 +64,6 @@ class Worker:
         self.nc = await nats.connect(url, name=f"poolwire-{self.worker_id}",
                                      max_reconnect_attempts=-1)
         replier = Replier(self.nc)
-        await ensure_events_stream(self.nc, s.prefix)
         self.events = EventPublisher(self.nc, s.prefix)
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
@@ -75,11 +74,17 @@ class Worker:
             self.policy, ModelLimits(self.model.name, self.model.max_length, self.model.hidden_size),
             self.engine, replier, self.worker_id, self.stats)
         self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier, self.stats)
+        # Subscribe before creating the events stream, and start the actors only once it exists:
+        # requests that arrive meanwhile wait in the ingest mailbox, so every deprecation event
+        # is kept. The other order (stream first) made nats-server 2.15 answer no-responders to
+        # the first request from another connection in about 1 start in 50 here.
+        await self.ingest.subscribe()
+        await self.nc.flush()
+        await ensure_events_stream(self.nc, s.prefix)
         for actor in (self.engine, self.validator, self.ingest):
             self.supervisor.start_actor(actor)
         self.supervisor.start_loop("engine-batches", self.engine.batch_loop,
                                    on_restart=self.engine.on_restart)
-        await self.ingest.subscribe()
         self.discovery = self._discovery(replier)
         await self.discovery.start()
         await self.nc.flush()  # subscriptions reach the server before we say we are ready

@@ -6,10 +6,11 @@ import nats
 
 
 async def wait_until_answering(url: str, prefix: str, timeout: float = 10.0) -> None:
-    """Wait until another connection gets an answer from the worker. Right after the worker's
-    SUB is flushed, nats-server 2.15 has been seen to answer a first request from another
-    connection with no-responders (about 1 start in 15 here, when a JetStream stream was created
-    just before); a request an instant later is delivered."""
+    """Wait until another connection gets an answer from the worker: readiness as a client sees
+    it. When a worker created its events stream before subscribing, nats-server 2.15 answered
+    the first request from another connection with no-responders in about 1 start in 50 (a
+    request an instant later was delivered); Worker.start now subscribes first, and this wait
+    keeps the tests independent of such server timing."""
     conn = await nats.connect(url)
     try:
         deadline = asyncio.get_running_loop().time() + timeout
