@@ -34,11 +34,12 @@ async def ensure_events_stream(nc, prefix: str) -> str | None:
         log.warning("JetStream is not available (%s): deprecation events are not stored", exc)
         return None
     try:
-        name = await js.find_stream_name_by_subject(events_subject(prefix))
-        log.info("deprecation events are kept by the existing stream %s", name)
-        return name
+        existing = await js.find_stream_name_by_subject(events_subject(prefix))
     except NotFoundError:
-        pass
+        existing = None
+    if existing:  # an operator's stream (or an earlier worker's): left as it is
+        log.info("deprecation events are kept by the existing stream %s", existing)
+        return existing
     name = events_stream_name(prefix)
     try:
         await js.add_stream(StreamConfig(name=name, subjects=[f"{prefix}.events.>"],
