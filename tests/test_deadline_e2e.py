@@ -3,7 +3,6 @@
 
 import asyncio
 
-import msgpack
 import pytest
 
 from actors.client import PoolingClient, PoolingServiceError

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import msgpack
-import nats
 import pytest
 from nats.js.api import StreamConfig
 
