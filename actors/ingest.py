@@ -4,6 +4,7 @@ one callback at a time per subscription, so a callback that awaited its result w
 every request and no batch would ever form."""
 
 import logging
+import time
 import uuid
 
 from actors.messages import Incoming
@@ -42,7 +43,9 @@ class IngestActor(Actor):
     async def _on_message(self, msg) -> None:
         self.received += 1
         try:
-            self.tell(msg)
+            # Stamped here: deadline_ms counts from when the worker received the request, not
+            # from when the ingest got round to it.
+            self.tell((msg, time.monotonic()))
         except MailboxFull:
             await self._overloaded(msg.reply, new_request_id(), sniff_format(msg.data))
 
@@ -57,7 +60,8 @@ class IngestActor(Actor):
             await self._sub.drain()
             self._sub = None
 
-    async def receive(self, msg) -> None:
+    async def receive(self, message) -> None:
+        msg, received_at = message
         task_name = msg.subject[len(self.prefix) + 1:]
         try:
             with self.stats.timed("decode"):
@@ -66,13 +70,15 @@ class IngestActor(Actor):
             await self._replier.send_error(msg.reply, new_request_id(), err, sniff_format(msg.data))
             return
         incoming = Incoming(reply=msg.reply, task_name=task_name, body=body, fmt=fmt,
-                            request_id=request_id_of(body) or new_request_id())
+                            request_id=request_id_of(body) or new_request_id(),
+                            received_at=received_at)
         try:
             self._validator.tell(incoming)
         except MailboxFull:
             await self._overloaded(msg.reply, incoming.request_id, fmt)
 
-    async def on_failure(self, msg, exc: BaseException) -> None:
+    async def on_failure(self, message, exc: BaseException) -> None:
+        msg, _ = message
         await self._replier.send_error(msg.reply, new_request_id(),
                                        PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
                                        sniff_format(msg.data))

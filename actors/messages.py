@@ -18,7 +18,7 @@ class Incoming:
     body: dict
     fmt: WireFormat
     request_id: str
-    received_at: float = field(default_factory=time.monotonic)
+    received_at: float = field(default_factory=time.monotonic)  # when NATS handed it over
 
 
 @dataclass(frozen=True)
