@@ -21,6 +21,9 @@ async def wait_until_answering(url: str, prefix: str, timeout: float = 10.0) -> 
             except nats.errors.NoRespondersError:
                 if asyncio.get_running_loop().time() > deadline:
                     raise
+                # No event tells when the server will route to the new SUB, and a
+                # no-responders answer comes back in well under a millisecond: pause
+                # briefly between tries rather than spin, bounded by the deadline.
                 await asyncio.sleep(0.01)
     finally:
         await conn.close()
