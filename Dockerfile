@@ -10,6 +10,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY poolwire ./poolwire
 COPY schemas ./schemas
 COPY kernels ./kernels
 COPY actors ./actors

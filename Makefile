@@ -1,29 +1,39 @@
 # Each target creates .venv and installs into it when missing, so `make run` and `make test`
-# are the only commands a new user types.
+# are the only commands a new user types. constraints.txt pins the exact builds these machines
+# need (torch 2.13.0, CPU); the package itself only states ranges.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip install --quiet -c constraints.txt
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: run test bench install clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
 
-install: $(STAMP)
+# The service alone: no test tools.
+$(RUN_STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e .
+	touch $@
 
-run: $(STAMP)
+$(TEST_STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[test]'
+	touch $@
+
+install: $(RUN_STAMP)
+
+run: $(RUN_STAMP)
 	$(BIN)/poolwire serve
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python bench/throughput.py
 
 clean:

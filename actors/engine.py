@@ -11,18 +11,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from actors.batch_planner import BatchPlanner, QueuedItem
-from actors.forward import run_batch
-from actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
-from actors.messages import Job
-from actors.model import LoadedModel
-from actors.replier import Replier
-from actors.runtime import Actor
-from actors.stats import StageStats
-from actors.task_heads import TaskPlan, cosine_items, plan_task
-from actors.tokenizing import Tokenizing
-from schemas.errors import ErrorCode, PoolingError
-from schemas.tasks import TOKEN_LEVEL_TASKS, Task
+from poolwire.actors.batch_planner import BatchPlanner, QueuedItem
+from poolwire.actors.forward import run_batch
+from poolwire.actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
+from poolwire.actors.messages import Job
+from poolwire.actors.model import LoadedModel
+from poolwire.actors.replier import Replier
+from poolwire.actors.runtime import Actor
+from poolwire.actors.stats import StageStats
+from poolwire.actors.task_heads import TaskPlan, cosine_items, plan_task
+from poolwire.actors.tokenizing import Tokenizing
+from poolwire.schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
 
 log = logging.getLogger(__name__)
 

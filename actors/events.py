@@ -5,7 +5,7 @@ import logging
 
 import msgpack
 
-from schemas.events import DeprecationEvent
+from poolwire.schemas.events import DeprecationEvent
 
 log = logging.getLogger(__name__)
 

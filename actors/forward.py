@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-import kernels
-from actors.model import LoadedModel, ModelKind
-from actors.task_heads import Forward, PoolSpec
-from actors.tokenizing import TokenSeq
+from poolwire import kernels
+from poolwire.actors.model import LoadedModel, ModelKind
+from poolwire.actors.task_heads import Forward, PoolSpec
+from poolwire.actors.tokenizing import TokenSeq
 
 
 def pad_batch(seqs: list[TokenSeq], pad_id: int):

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from schemas.codec import WireFormat, encode
-from schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.codec import WireFormat, encode
+from poolwire.schemas.errors import ErrorCode, PoolingError
 
 
 @dataclass(frozen=True)

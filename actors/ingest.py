@@ -7,13 +7,13 @@ import logging
 import time
 import uuid
 
-from actors.messages import Incoming
-from actors.replier import Replier
-from actors.runtime import Actor, MailboxFull
-from actors.stats import StageStats
-from schemas.codec import decode, sniff_format
-from schemas.errors import ErrorCode, PoolingError
-from schemas.requests import request_id_of
+from poolwire.actors.messages import Incoming
+from poolwire.actors.replier import Replier
+from poolwire.actors.runtime import Actor, MailboxFull
+from poolwire.actors.stats import StageStats
+from poolwire.schemas.codec import decode, sniff_format
+from poolwire.schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.requests import request_id_of
 
 log = logging.getLogger(__name__)
 

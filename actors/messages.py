@@ -3,10 +3,10 @@
 import time
 from dataclasses import dataclass, field
 
-from schemas.codec import WireFormat
-from schemas.events import DeprecationEvent
-from schemas.requests import PoolingRequest
-from schemas.tasks import Task
+from poolwire.schemas.codec import WireFormat
+from poolwire.schemas.events import DeprecationEvent
+from poolwire.schemas.requests import PoolingRequest
+from poolwire.schemas.tasks import Task
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 import logging
 
-from actors.framing import error_frame
-from schemas.codec import WireFormat
-from schemas.errors import PoolingError
+from poolwire.actors.framing import error_frame
+from poolwire.schemas.codec import WireFormat
+from poolwire.schemas.errors import PoolingError
 
 log = logging.getLogger(__name__)
 

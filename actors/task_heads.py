@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from actors.model import LoadedModel, ModelKind
-from actors.tokenizing import Tokenizing, TokenSeq, normalise_input
-from schemas.errors import invalid
-from schemas.requests import PoolingRequest
-from schemas.tasks import Task
+from poolwire.actors.model import LoadedModel, ModelKind
+from poolwire.actors.tokenizing import Tokenizing, TokenSeq, normalise_input
+from poolwire.schemas.errors import invalid
+from poolwire.schemas.requests import PoolingRequest
+from poolwire.schemas.tasks import Task
 
 
 class Forward:

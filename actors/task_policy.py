@@ -4,7 +4,7 @@ request on each task. The ValidatorActor applies it; nothing else decides tasks.
 
 from dataclasses import dataclass
 
-from schemas.tasks import Task, in_protocol_order
+from poolwire.schemas.tasks import Task, in_protocol_order
 
 # Supported tasks by model kind, as a table to read at a glance.
 #   base encoder / Sentence-Transformers : embed, token_embed, score (cosine of embeddings)

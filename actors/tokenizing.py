@@ -3,7 +3,7 @@ special tokens, truncation keeps them, and an over-long input without truncation
 
 from dataclasses import dataclass
 
-from schemas.errors import ErrorCode, PoolingError, invalid
+from poolwire.schemas.errors import ErrorCode, PoolingError, invalid
 
 
 @dataclass(frozen=True)

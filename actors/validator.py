@@ -6,16 +6,16 @@ jobs to the engine."""
 import logging
 from dataclasses import dataclass, replace
 
-from actors.messages import Incoming, Job
-from actors.replier import Replier
-from actors.runtime import Actor, MailboxFull
-from actors.stats import StageStats
-from actors.task_policy import TaskPolicy, Verdict
-from actors.tokenizing import check_truncation
-from schemas.errors import ErrorCode, PoolingError, invalid
-from schemas.events import DeprecationEvent, utc_now_rfc3339
-from schemas.requests import PoolingRequest, parse_request
-from schemas.tasks import Task, parse_task
+from poolwire.actors.messages import Incoming, Job
+from poolwire.actors.replier import Replier
+from poolwire.actors.runtime import Actor, MailboxFull
+from poolwire.actors.stats import StageStats
+from poolwire.actors.task_policy import TaskPolicy, Verdict
+from poolwire.actors.tokenizing import check_truncation
+from poolwire.schemas.errors import ErrorCode, PoolingError, invalid
+from poolwire.schemas.events import DeprecationEvent, utc_now_rfc3339
+from poolwire.schemas.requests import PoolingRequest, parse_request
+from poolwire.schemas.tasks import Task, parse_task
 
 log = logging.getLogger(__name__)
 

@@ -10,17 +10,18 @@ import uuid
 import nats
 import nats.errors
 
-from actors.engine import EngineActor, EngineLimits
-from actors.discovery import Discovery
-from actors.events import EventPublisher, ensure_events_stream
-from actors.ingest import IngestActor
-from actors.model import LoadedModel
-from actors.replier import Replier
-from actors.runtime import Supervisor
-from actors.stats import StageStats
-from actors.settings import WorkerSettings
-from actors.task_policy import TaskPolicy, configured_task, score_uses_configured_task, supported_tasks
-from actors.validator import ModelLimits, ValidatorActor
+from poolwire import __version__
+from poolwire.actors.engine import EngineActor, EngineLimits
+from poolwire.actors.discovery import Discovery
+from poolwire.actors.events import EventPublisher, ensure_events_stream
+from poolwire.actors.ingest import IngestActor
+from poolwire.actors.model import LoadedModel
+from poolwire.actors.replier import Replier
+from poolwire.actors.runtime import Supervisor
+from poolwire.actors.stats import StageStats
+from poolwire.actors.task_policy import TaskPolicy, configured_task, score_uses_configured_task, supported_tasks
+from poolwire.actors.validator import ModelLimits, ValidatorActor
+from poolwire.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +34,6 @@ def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
                       multitask=settings.multitask,
                       score_with_configured=score_uses_configured_task(
                           model.kind, model.num_labels, configured))
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("poolwire")
-    except PackageNotFoundError:
-        return "0.0.0"
 
 
 class Worker:
@@ -106,7 +98,7 @@ class Worker:
                     "average_processing_time": busy_ns // requests if requests else 0,
                     "data": self.stats.snapshot()}
 
-        return Discovery(self.nc, version=_version(), metadata=metadata,
+        return Discovery(self.nc, version=__version__, metadata=metadata,
                          description="poolwire: pooling models over NATS (PROTOCOL.md v1)",
                          endpoint={"name": "pooling", "subject": f"{s.prefix}.*",
                                    "queue_group": s.queue},

@@ -92,7 +92,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def bench_seq_pool(shapes, dtypes, gen) -> list[Row]:
-    import kernels
+    from poolwire import kernels
 
     rows = []
     # (method, normalize): MEAN with and without the fused head, and the one-token methods.
@@ -137,7 +137,7 @@ def bench_seq_pool(shapes, dtypes, gen) -> list[Row]:
 
 
 def bench_token_pool(shapes, dtypes, gen) -> list[Row]:
-    import kernels
+    from poolwire import kernels
 
     rows = []
     for batch, tokens, hidden in shapes:
@@ -168,7 +168,7 @@ def bench_token_pool(shapes, dtypes, gen) -> list[Row]:
 
 
 def bench_activation(shapes, dtypes, gen) -> list[Row]:
-    import kernels
+    from poolwire import kernels
 
     rows = []
     for n, c in shapes:

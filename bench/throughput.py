@@ -1,22 +1,883 @@
-"""Throughput and latency: in-process SentenceTransformer.encode against a poolwire worker over a
-local nats-server, on one deterministic workload (the logic is actors/benchmark.py, which
-`poolwire bench` runs too).
+"""`poolwire bench` / `bench/throughput.py`: in-process Sentence-Transformers encode against a
+poolwire worker over a local nats-server, side by side on one deterministic workload.
 
-    .venv/bin/python bench/throughput.py            # the full table, a few minutes on 2 cores
-    .venv/bin/python bench/throughput.py --quick    # a small run, to check that it works
-    .venv/bin/python bench/throughput.py --help
+    python bench/throughput.py                      # the full run: 2,000 texts, every setup
+    python bench/throughput.py --quick              # a small run, to check that it works
+    python bench/throughput.py --configs inprocess,c1,c64 --texts 500
+    python bench/throughput.py --worker-args="--max-batch-tokens 4096 --max-wait-ms 1"
+
+Setups (`--configs`, comma separated):
+- `inprocess`: `SentenceTransformer.encode(texts, batch_size=32)` in a subprocess of its own (so
+  its peak RSS is the model's and not the load generator's), plus `encode([short])` repeated,
+  the in-process floor of one short text's latency;
+- `cN`: a poolwire worker, N requests in flight at once, one text per request;
+- `KxM`: a poolwire worker, K client connections each sending requests of M texts.
+
+Each poolwire setup gets a fresh worker process (`python -m poolwire serve`), started against
+a nats-server this run starts, so peak RSS (VmHWM) is that setup's own; both sides are warmed up
+before timing. Prints progress to stderr and markdown to stdout: the table, the command that
+made it, the latency comparison, and where the CPU went. Numbers to compare, never assertions.
 """
 
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# Run as a script, this file's folder heads sys.path; put the repository root there instead so
-# `actors` imports from this checkout even where the package is not installed.
+# Run as a script (`python bench/throughput.py`), this file's folder heads sys.path; put the
+# repository root there instead so `bench.workload` imports from this checkout.
 _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
-from actors.benchmark import main  # noqa: E402
+DEFAULT_CONFIGS = "inprocess,c1,c16,c64,4x32"
+QUICK_TEXTS = 200
+PREFIX = "bench.pooling"
+NOISY_CORES = 0.25           # other processes' load past which a row is flagged
+STATS_SERVICE = "poolwire"   # the workers' NATS micro service name ($SRV.STATS.poolwire)
+DERIVED_STATS = ("mean_batch_size", "padding_waste")
+SHORT_MAX_WORDS = 30         # workload sentences have at most ~12 words, passages at least 60
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def is_short(text: str) -> bool:
+    return len(text.split()) <= SHORT_MAX_WORDS
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+# ---- setups --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Setup:
+    """One poolwire load shape: `connections` x `in_flight` requests of `per_request` texts."""
+
+    key: str
+    connections: int
+    in_flight: int            # concurrent requests per connection
+    per_request: int
+
+    @property
+    def label(self) -> str:
+        if self.connections == 1 and self.per_request == 1:
+            return f"poolwire, concurrency {self.in_flight}, 1 text/request"
+        per = "1 text" if self.per_request == 1 else f"{self.per_request} texts"
+        flight = f" x {self.in_flight} in flight" if self.in_flight > 1 else ""
+        return f"poolwire, {self.connections} clients{flight}, {per}/request"
+
+
+def parse_configs(spec: str) -> list[str | Setup]:
+    """`inprocess`, `cN` (N in flight, one text each) and `KxM` (K clients, M texts each)."""
+    out: list[str | Setup] = []
+    for raw in spec.split(","):
+        key = raw.strip().lower()
+        if not key:
+            continue
+        if key == "inprocess":
+            out.append(key)
+        elif m := re.fullmatch(r"c(\d+)", key):
+            out.append(Setup(key, 1, int(m.group(1)), 1))
+        elif m := re.fullmatch(r"(\d+)x(\d+)", key):
+            out.append(Setup(key, int(m.group(1)), 1, int(m.group(2))))
+        else:
+            raise argparse.ArgumentTypeError(
+                f"unknown setup {raw!r} in --configs: use inprocess, cN (N requests in flight, "
+                f"one text each) or KxM (K clients, M texts per request), e.g. {DEFAULT_CONFIGS}")
+        if isinstance(out[-1], Setup) and min(out[-1].connections, out[-1].in_flight,
+                                               out[-1].per_request) < 1:
+            raise argparse.ArgumentTypeError(f"setup {raw!r}: every count must be at least 1")
+    if not out:
+        raise argparse.ArgumentTypeError("--configs names no setup")
+    return out
+
+
+# ---- results -------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    key: str
+    setup: str
+    texts: int
+    tokens: int
+    wall_s: float
+    latencies_ms: list[float]
+    peak_rss_mib: float | None
+    requests: int = 0
+    errors: int = 0
+    latency_unit: str = "request"
+    short_latencies_ms: list[float] = field(default_factory=list)  # one-short-text requests
+    cpu_s: dict[str, float] = field(default_factory=dict)           # where the CPU went
+    worker_stats: dict[str, float] = field(default_factory=dict)    # its $SRV.STATS, this phase
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def texts_per_s(self) -> float:
+        return self.texts / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile(self.latencies_ms, 50)
+
+    @property
+    def p99_ms(self) -> float:
+        return percentile(self.latencies_ms, 99)
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d.pop("latencies_ms")
+        d.pop("short_latencies_ms")
+        d.update(texts_per_s=self.texts_per_s, tokens_per_s=self.tokens_per_s,
+                 p50_ms=self.p50_ms, p99_ms=self.p99_ms,
+                 short_p50_ms=percentile(self.short_latencies_ms, 50))
+        return d
+
+
+@dataclass
+class Report:
+    command: str
+    texts: int
+    seed: int
+    rows: list[Row]
+    machine: str
+
+    def row(self, key: str) -> Row | None:
+        return next((r for r in self.rows if r.key == key), None)
+
+    @property
+    def baseline(self) -> Row | None:
+        return self.row("inprocess")
+
+    def latency_comparison(self) -> str | None:
+        pool, single = self.row("c1"), self.row("inprocess-1")
+        if pool is None or single is None or not pool.short_latencies_ms:
+            return None
+        a, b = percentile(pool.short_latencies_ms, 50), single.p50_ms
+        return (f"latency, one short text: poolwire at concurrency 1 p50 {a:.2f} ms vs in-process "
+                f"encode([short]) p50 {b:.2f} ms: {a - b:+.2f} ms ({a / b:.2f}x)")
+
+    def throughput_comparison(self) -> str | None:
+        base = self.baseline
+        if base is None:
+            return None
+        parts = [f"{r.key} {r.texts_per_s / base.texts_per_s:.2f}x"
+                 for r in self.rows if not r.key.startswith("inprocess")]
+        return (f"throughput vs {base.setup}: " + ", ".join(parts)) if parts else None
+
+    def markdown(self) -> str:
+        base = self.baseline
+        lines = ["| setup | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in self.rows:
+            ratio = f"{r.texts_per_s / base.texts_per_s:.2f}x" if base else "n/a (no inprocess run)"
+            rss = f"{r.peak_rss_mib:.0f}" if r.peak_rss_mib is not None else "n/a"
+            lines.append(f"| {r.setup} | {r.texts_per_s:.1f} | {r.tokens_per_s:.0f} | "
+                         f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {rss} | {ratio} |")
+        out = ["\n".join(lines), "",
+               f"{self.texts} texts (bench.workload.mixed_texts, seed {self.seed}: 70% short "
+               f"sentences, 30% passages of 60-200 words), {self.machine}. Latency is per request "
+               f"for poolwire, per batch for the in-process batch encode (which sorts its batches "
+               f"by length), per call for encode([short]). Peak RSS is VmHWM of the worker "
+               f"process, or of the in-process run's own process.",
+               "", f"command: {self.command}"]
+        for line in (self.throughput_comparison(), self.latency_comparison()):
+            if line:
+                out.append(line)
+        if any(r.cpu_s for r in self.rows):
+            out += ["", f"CPU seconds during the measured phase (the load generator and the "
+                        f"worker share this machine's {os.cpu_count()} cores):", "",
+                    "| setup | wall s | worker event loop | worker other threads (forward pass) "
+                    "| load generator | in-process run | other processes (cores) |",
+                    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            for r in self.rows:
+                c = r.cpu_s
+                cell = lambda k: f"{c[k]:.1f}" if k in c else ""  # noqa: E731
+                background = f"{c['background']:.2f}" if "background" in c else ""
+                out.append(f"| {r.setup} | {r.wall_s:.1f} | {cell('worker_main')} | "
+                           f"{cell('worker_other')} | {cell('client')} | {cell('inprocess')} | "
+                           f"{background} |")
+            noisy = [r for r in self.rows if r.cpu_s.get("background", 0.0) >= NOISY_CORES]
+            if noisy:
+                out += ["", "warning: other processes kept the machine busy during "
+                        + ", ".join(f"{r.key} ({r.cpu_s['background']:.2f} cores)" for r in noisy)
+                        + "; those numbers understate this machine: rerun on a quiet one"]
+        out += self._stats_table()
+        return "\n".join(out)
+
+    def _stats_table(self) -> list[str]:
+        rows = [r for r in self.rows if r.worker_stats]
+        if not rows:
+            return []
+        stages = []
+        for r in rows:
+            stages += [k for k in r.worker_stats if k.startswith("seconds.") and k not in stages]
+        head = ["setup", "wall s", "requests", "batches", "seqs/batch", "padding waste",
+                *(k.split(".", 1)[1] for k in stages)]
+        out = ["", "The worker's own time breakdown ($SRV.STATS, measured phase only; stage "
+                   "seconds are wall time, summed over requests or batches):", "",
+               "| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+        for r in rows:
+            s = r.worker_stats
+            get = lambda k, f: format(s[k], f) if k in s else ""  # noqa: E731
+            cells = [r.setup, f"{r.wall_s:.2f}", get("num_requests", ".0f"), get("batches", ".0f"),
+                     get("mean_batch_size", ".1f"), get("padding_waste", ".1%"),
+                     *(get(k, ".3f") for k in stages)]
+            out.append("| " + " | ".join(cells) + " |")
+        return out
+
+    def to_json(self) -> dict:
+        return {"command": self.command, "texts": self.texts, "seed": self.seed,
+                "machine": self.machine, "rows": [r.summary() for r in self.rows],
+                "latency_comparison": self.latency_comparison(),
+                "throughput_comparison": self.throughput_comparison()}
+
+
+# ---- processes -----------------------------------------------------------------------------
+
+def _child_env(torch_threads: int | None = None) -> dict[str, str]:
+    """The environment of the worker and the in-process run: models from local folders only,
+    and the production CPU path (TRITON_INTERPRET, which the tests set, would run the pooling
+    kernels through the Triton interpreter and measure that instead)."""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["HF_HUB_OFFLINE"] = "1"
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bar
+    if torch_threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """VmHWM: the process's peak resident set size."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of a process's main thread and of all its other threads."""
+    main = other = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = stat.rsplit(")", 1)[1].split()
+        seconds = (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
+        if int(tid) == pid:
+            main += seconds
+        else:
+            other += seconds
+    return {"main": main, "other": other}
+
+
+def _process_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                kids = [int(k) for k in Path(f"/proc/{parent}/task/{tid}/children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and every live process it started (worker, nats-server)."""
+    me = os.getpid()
+    return sum(_process_cpu_s(p) for p in [me, *_descendants(me)])
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all processes, all cores)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / _CLK_TCK
+
+
+class BackgroundMeter:
+    """How many cores other processes kept busy while we measured: these benchmarks run on
+    shared development machines, where someone else's test run halves every number."""
+
+    def __init__(self) -> None:
+        self._start = (time.perf_counter(), machine_busy_s(), own_cpu_s())
+
+    def cores(self) -> float:
+        wall = time.perf_counter() - self._start[0]
+        others = (machine_busy_s() - self._start[1]) - (own_cpu_s() - self._start[2])
+        return max(0.0, others / wall) if wall > 0 else math.nan
+
+
+def wait_for_quiet(max_wait_s: float, threshold: float = 0.25, label: str = "") -> float:
+    """Wait (up to max_wait_s) until other processes use under `threshold` cores; returns
+    the last reading."""
+    deadline = time.monotonic() + max_wait_s
+    told = False
+    while True:
+        meter = BackgroundMeter()
+        time.sleep(0.5)
+        load = meter.cores()
+        if load < threshold or time.monotonic() >= deadline:
+            if told or load >= threshold:
+                _log(f"{label}: other processes use {load:.2f} cores; "
+                     + ("going ahead" if load < threshold else f"not quiet after {max_wait_s:.0f} s, "
+                        "measuring anyway"))
+            return load
+        if not told:
+            _log(f"{label}: other processes use {load:.2f} cores; waiting up to "
+                 f"{max_wait_s:.0f} s for the machine to be quiet")
+            told = True
+
+
+def _stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """SIGTERM by PID (the worker drains and exits), SIGKILL if it does not."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+class WorkerProcess:
+    """`python -m poolwire serve` in a process of its own, as in production."""
+
+    def __init__(self, url: str, model: str | None, worker_args: list[str], log_path: Path,
+                 profile_path: Path | None = None, torch_threads: int | None = None) -> None:
+        self.url = url
+        self.torch_threads = torch_threads
+        self.model = model
+        self.worker_args = worker_args
+        self.log_path = log_path
+        self.profile_path = profile_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 180.0) -> None:
+        cmd = [sys.executable]
+        if self.profile_path is not None:
+            cmd += ["-m", "cProfile", "-o", str(self.profile_path)]
+        cmd += ["-m", "poolwire", "serve", "--nats-url", self.url, "--prefix", PREFIX]
+        if self.model:
+            cmd += ["--model", self.model]
+        cmd += self.worker_args
+        self._log_file = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file,
+                                     stderr=subprocess.STDOUT,
+                                     env=_child_env(self.torch_threads))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_path.read_text(errors="replace")
+            if "configured task" in text:
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the worker exited with {self.proc.returncode} before it was "
+                                   f"ready; its log ({self.log_path}):\n{text[-3000:]}")
+            time.sleep(0.05)
+        raise TimeoutError(f"the worker did not print its 'configured task' line within "
+                           f"{timeout} s; its log: {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop_process(self.proc)
+            self._log_file.close()
+
+
+# ---- the in-process run (a) ----------------------------------------------------------------
+
+def _inprocess_child(args: argparse.Namespace) -> int:
+    """Runs in its own process: prints one JSON line with both in-process rows."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from poolwire.actors.model import bundled_model_dir
+    from bench.workload import mixed_texts
+
+    texts = mixed_texts(args.texts, seed=args.seed)
+    shorts = [t for t in texts if is_short(t)] or texts
+    model = SentenceTransformer(str(args.model or bundled_model_dir()), device="cpu")
+    warm = mixed_texts(64, seed=args.seed + 1)
+    model.encode(warm, batch_size=args.batch_size, show_progress_bar=False)
+    for t in warm[:8]:
+        model.encode([t], show_progress_bar=False)
+
+    # encode([short]) repeated: the in-process floor of one short text's latency.
+    single_ms = []
+    if args.settle_s > 0:
+        wait_for_quiet(args.settle_s, label="in-process encode([short])")
+    meter = BackgroundMeter()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for i in range(args.latency_reps):
+        s = time.perf_counter()
+        model.encode([shorts[i % len(shorts)]], show_progress_bar=False)
+        single_ms.append((time.perf_counter() - s) * 1000.0)
+    single_wall, single_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    single_background = meter.cores()
+    single_rss = peak_rss_mib(os.getpid())
+    _log(f"in-process encode([short]) x {args.latency_reps}: p50 "
+         f"{percentile(single_ms, 50):.2f} ms")
+
+    # One encode of the whole workload; a forward hook times each batch (end to end: the
+    # previous batch's end, or the call's start, to this batch's end).
+    batch_ms: list[float] = []
+    mark = [0.0]
+    done = [0]
+    n_batches = math.ceil(len(texts) / args.batch_size)
+
+    def hook(_module, _inp, _out):
+        now = time.perf_counter()
+        batch_ms.append((now - mark[0]) * 1000.0)
+        mark[0] = now
+        done[0] += 1
+        if done[0] % max(1, n_batches // 4) == 0:
+            _log(f"in-process encode: {done[0]}/{n_batches} batches")
+
+    handle = model.register_forward_hook(hook)
+    _log(f"in-process encode of {len(texts)} texts, batch size {args.batch_size} "
+         f"(torch threads {torch.get_num_threads()})")
+    if args.settle_s > 0:
+        wait_for_quiet(args.settle_s, label="in-process encode")
+    meter = BackgroundMeter()
+    cpu0 = time.process_time()
+    mark[0] = t0 = time.perf_counter()
+    embeddings = model.encode(texts, batch_size=args.batch_size, show_progress_bar=False)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    background = meter.cores()
+    handle.remove()
+    if len(embeddings) != len(texts):
+        raise RuntimeError(f"encode returned {len(embeddings)} embeddings for {len(texts)} texts")
+    print(json.dumps({
+        "single": {"calls": args.latency_reps, "wall_s": single_wall, "latencies_ms": single_ms,
+                   "peak_rss_mib": single_rss, "cpu_s": single_cpu, "background": single_background,
+                   "texts": [shorts[i % len(shorts)] for i in range(args.latency_reps)]},
+        "batch": {"wall_s": wall, "latencies_ms": batch_ms, "peak_rss_mib": peak_rss_mib(os.getpid()),
+                  "cpu_s": cpu, "background": background},
+        "torch_threads": torch.get_num_threads(),
+    }), flush=True)
+    return 0
+
+
+def run_inprocess(args: argparse.Namespace, count_tokens) -> list[Row]:
+    cmd = [sys.executable, "-m", "bench.throughput", "--inprocess-child", "--texts", str(args.texts),
+           "--seed", str(args.seed), "--batch-size", str(args.batch_size),
+           "--latency-reps", str(args.latency_reps), "--settle-s", str(args.settle_s)]
+    if args.model:
+        cmd += ["--model", args.model]
+    _log("in-process: starting its own process (SentenceTransformer)")
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            env=_child_env(args.torch_threads), text=True)
+    try:
+        out, _ = proc.communicate(timeout=args.timeout_s)
+    finally:
+        _stop_process(proc, timeout=10)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the in-process run exited with {proc.returncode}")
+    data = json.loads(out.strip().splitlines()[-1])
+    from bench.workload import mixed_texts
+
+    texts = mixed_texts(args.texts, seed=args.seed)
+    single, batch = data["single"], data["batch"]
+    return [
+        Row("inprocess", f"in-process encode, batch size {args.batch_size}", len(texts),
+            sum(count_tokens(texts)), batch["wall_s"], batch["latencies_ms"], batch["peak_rss_mib"],
+            requests=len(batch["latencies_ms"]), latency_unit=f"batch of {args.batch_size}",
+            cpu_s={"inprocess": batch["cpu_s"], "background": batch["background"]}),
+        Row("inprocess-1", "in-process encode([short]), one call at a time", single["calls"],
+            sum(count_tokens(single["texts"])), single["wall_s"], single["latencies_ms"],
+            single["peak_rss_mib"], requests=single["calls"], latency_unit="call",
+            cpu_s={"inprocess": single["cpu_s"], "background": single["background"]}),
+    ]
+
+
+# ---- the poolwire runs (b) -----------------------------------------------------------------
+
+@dataclass
+class LoadResult:
+    wall_s: float
+    latencies_ms: list[float]
+    short_latencies_ms: list[float]
+    errors: int
+    error_samples: list[str]
+    token_mismatches: int
+    client_cpu_s: float
+    worker_cpu_s: dict[str, float]
+    background_cores: float
+    worker_stats: dict[str, float] | None = None
+
+
+def _chunks(n: int, size: int) -> list[tuple[int, int]]:
+    return [(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
+                timeout: float, truncate: bool, worker_pid: int | None = None,
+                label: str = "", warmup: list[str] | None = None,
+                settle_s: float = 0.0) -> LoadResult:
+    """Send every text once in the setup's shape and record each request's latency. Replies are
+    kept raw and checked after the clock stops, so the load generator's CPU (which shares the
+    machine with the worker) goes on sending and receiving only."""
+    import msgpack
+    import nats
+
+    subject = f"{PREFIX}.embed"
+    extra = {"truncate_prompt_tokens": -1} if truncate else {}
+
+    def body(batch: list[str]) -> bytes:
+        return msgpack.packb({"input": batch[0] if len(batch) == 1 else batch, **extra},
+                             use_bin_type=True)
+
+    conns = [await nats.connect(url, name=f"poolwire-bench-{i}") for i in range(setup.connections)]
+    try:
+        if warmup:
+            # Both code paths (one text, many texts) and a burst, excluded from the timing.
+            await conns[0].request(subject, body(warmup[:setup.per_request]), timeout=timeout)
+            await asyncio.gather(*(c.request(subject, body([t]), timeout=timeout)
+                                   for c in conns for t in warmup[:16]))
+            for t in warmup[:4]:
+                await conns[0].request(subject, body([t]), timeout=timeout)
+
+        chunks = _chunks(len(texts), setup.per_request)
+        bodies = [body(texts[a:b]) for a, b in chunks]
+        replies: list[bytes | BaseException | None] = [None] * len(chunks)
+        latencies = [math.nan] * len(chunks)
+        next_chunk = iter(range(len(chunks)))
+        done = [0]
+
+        async def sender(nc) -> None:
+            for i in next_chunk:  # shared: each sender takes the next request to send
+                start = time.perf_counter()
+                try:
+                    msg = await nc.request(subject, bodies[i], timeout=timeout)
+                    replies[i] = msg.data
+                except Exception as exc:  # a timeout or no responders: counted, not fatal
+                    replies[i] = exc
+                latencies[i] = (time.perf_counter() - start) * 1000.0
+                done[0] += chunks[i][1] - chunks[i][0]
+
+        async def progress(started: float) -> None:
+            while True:
+                await asyncio.sleep(3.0)
+                _log(f"{label}: {done[0]}/{len(texts)} texts, {time.perf_counter() - started:.1f} s")
+
+        if settle_s > 0:
+            await asyncio.to_thread(wait_for_quiet, settle_s, label=label)
+        stats_before = await worker_stats(conns[0]) if worker_pid else None
+        meter = BackgroundMeter()
+        cpu_before = thread_cpu_s(worker_pid) if worker_pid else {}
+        client_cpu0 = time.process_time()
+        started = time.perf_counter()
+        reporter = asyncio.create_task(progress(started))
+        try:
+            await asyncio.gather(*(sender(c) for c in conns for _ in range(setup.in_flight)))
+        finally:
+            reporter.cancel()
+        wall = time.perf_counter() - started
+        client_cpu = time.process_time() - client_cpu0
+        cpu_after = thread_cpu_s(worker_pid) if worker_pid else {}
+        background = meter.cores()
+        stats_after = await worker_stats(conns[0]) if stats_before is not None else None
+    finally:
+        for c in conns:
+            await c.close()
+
+    errors, samples, mismatches, short_lat = 0, [], 0, []
+    for (a, b), reply, lat in zip(chunks, replies, latencies):
+        problem = None
+        if isinstance(reply, BaseException) or reply is None:
+            problem = repr(reply)
+        else:
+            frame = msgpack.unpackb(reply, raw=False)
+            if "error" in frame:
+                problem = f"{frame['error'].get('code')}: {frame['error'].get('message')}"
+            elif len(frame.get("data", [])) != b - a:
+                problem = f"{len(frame.get('data', []))} items for {b - a} texts"
+            elif frame.get("usage", {}).get("prompt_tokens") != sum(tokens[a:b]):
+                mismatches += 1
+        if problem:
+            errors += 1
+            if len(samples) < 3:
+                samples.append(problem)
+        elif b - a == 1 and is_short(texts[a]):
+            short_lat.append(lat)
+    worker_cpu = {k: cpu_after[k] - cpu_before[k] for k in cpu_after} if cpu_before else {}
+    stats = stats_delta(stats_before, stats_after) if stats_before and stats_after else None
+    return LoadResult(wall, latencies, short_lat, errors, samples, mismatches, client_cpu,
+                      worker_cpu, background, stats)
+
+
+async def worker_stats(nc) -> dict[str, float] | None:
+    """The worker's own counters ($SRV.STATS of the `poolwire` micro service, summed over its
+    endpoints), flattened to {"seconds.forward": ..., "batches": ...}; None when the worker
+    does not answer (older workers expose nothing)."""
+    try:
+        msg = await nc.request(f"$SRV.STATS.{STATS_SERVICE}", b"", timeout=1.0)
+        endpoints = json.loads(msg.data).get("endpoints") or []
+    except Exception:
+        return None
+    flat: dict[str, float] = {}
+    for ep in endpoints:
+        items = {"num_requests": ep.get("num_requests"), "num_errors": ep.get("num_errors"),
+                 "processing_time_s": (ep.get("processing_time") or 0) / 1e9,  # nanoseconds
+                 **_flatten(ep.get("data") or {})}
+        for k, v in items.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                flat[k] = flat.get(k, 0) + v
+    return flat
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def stats_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counters of the measured phase alone (warm-up excluded); ratios recomputed."""
+    delta = {k: after[k] - before[k] for k in after if k in before and k not in DERIVED_STATS}
+    if delta.get("batches"):
+        delta["mean_batch_size"] = delta.get("sequences", 0) / delta["batches"]
+    if delta.get("padded_tokens"):
+        delta["padding_waste"] = 1 - delta.get("real_tokens", 0) / delta["padded_tokens"]
+    return delta
+
+
+def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], truncate: bool,
+                 args: argparse.Namespace, workdir: Path) -> Row:
+    profile = Path(args.profile_worker) / f"worker-{setup.key}.prof" if args.profile_worker else None
+    worker = WorkerProcess(url, args.model, shlex.split(args.worker_args or ""),
+                           workdir / f"worker-{setup.key}.log", profile, args.torch_threads)
+    _log(f"{setup.label}: starting a worker")
+    t0 = time.perf_counter()
+    try:
+        worker.start()
+        _log(f"{setup.label}: worker ready after {time.perf_counter() - t0:.1f} s; running")
+        from bench.workload import mixed_texts
+
+        result = asyncio.run(drive(url, texts, tokens, setup, timeout=args.timeout_s,
+                                   truncate=truncate, worker_pid=worker.pid, label=setup.label,
+                                   warmup=mixed_texts(64, seed=args.seed + 1),
+                                   settle_s=args.settle_s))
+        rss = peak_rss_mib(worker.pid)
+    finally:
+        worker.stop()
+    if profile is not None and profile.exists():
+        _print_profile(profile, setup.label)
+    row = Row(setup.key, setup.label, len(texts), sum(tokens), result.wall_s, result.latencies_ms,
+              rss, requests=len(result.latencies_ms), errors=result.errors,
+              worker_stats=result.worker_stats or {},
+              short_latencies_ms=result.short_latencies_ms,
+              cpu_s={"worker_main": result.worker_cpu_s.get("main", math.nan),
+                     "worker_other": result.worker_cpu_s.get("other", math.nan),
+                     "client": result.client_cpu_s, "background": result.background_cores})
+    if result.errors:
+        row.notes.append(f"{result.errors} of {row.requests} requests failed, e.g. "
+                         + "; ".join(result.error_samples))
+    if result.token_mismatches:
+        row.notes.append(f"{result.token_mismatches} replies reported other token counts than "
+                         f"the tokenizer here")
+    for note in row.notes:
+        _log(f"{setup.label}: {note}")
+    _log(f"{setup.label}: {row.texts_per_s:.1f} texts/s, p50 {row.p50_ms:.2f} ms, "
+         f"p99 {row.p99_ms:.2f} ms, peak RSS {rss or math.nan:.0f} MiB")
+    return row
+
+
+def _print_profile(path: Path, label: str, top: int = 25) -> None:
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    pstats.Stats(str(path), stream=buf).sort_stats("tottime").print_stats(top)
+    _log(f"{label}: cProfile of the worker's event-loop thread ({path}), by own time:\n"
+         + buf.getvalue())
+
+
+# ---- entry point ---------------------------------------------------------------------------
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, description="Throughput and latency of in-process SentenceTransformer.encode "
+        "and of a poolwire worker over a local nats-server, on one deterministic workload.")
+    p.add_argument("--texts", type=int, default=2000, help="workload size (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--configs", type=parse_configs, default=None,
+                   help=f"setups to run, comma separated: inprocess, cN (N requests in flight, one "
+                        f"text each), KxM (K clients, M texts per request); default {DEFAULT_CONFIGS}")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a small run: {QUICK_TEXTS} texts (unless --texts is given) and 50 "
+                        f"latency repetitions")
+    p.add_argument("--model", help="model folder (default: the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--batch-size", type=int, default=32, help="in-process encode batch size")
+    p.add_argument("--latency-reps", type=int, default=None,
+                   help="in-process encode([short]) repetitions (default 300; --quick 50)")
+    p.add_argument("--worker-args", default="",
+                   help="extra `poolwire serve` options, one string, e.g. "
+                        "--worker-args='--max-batch-tokens 4096 --max-wait-ms 1'")
+    p.add_argument("--settle-s", type=float, default=None,
+                   help="before each measured phase, wait up to this long for other processes to "
+                        "leave the machine quiet (default 60; --quick 10; 0: do not wait)")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for the worker and the in-process run (default: torch's own)")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="per request, and for the in-process run")
+    p.add_argument("--profile-worker", metavar="DIR",
+                   help="run each worker under cProfile (event-loop thread only), write DIR/"
+                        "worker-<setup>.prof and print the top functions to stderr")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--inprocess-child", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def _command_line(argv: list[str]) -> str:
+    invoked = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    if invoked == "poolwire":
+        prog = "poolwire bench"
+    elif invoked == "throughput.py":
+        prog = ".venv/bin/python bench/throughput.py"
+    else:
+        prog = ".venv/bin/python -m actors.benchmark"
+    return " ".join([prog, *map(shlex.quote, argv)]).strip()
+
+
+def _machine() -> str:
+    import platform
+
+    return (f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
+            f"Python {platform.python_version()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.texts < 1:
+        build_parser().error("--texts must be at least 1")
+    if args.profile_worker and Path(args.profile_worker).exists() and not Path(args.profile_worker).is_dir():
+        build_parser().error(f"--profile-worker {args.profile_worker}: exists and is not a folder; "
+                             f"name a folder for the worker-<setup>.prof files")
+    if args.quick and "--texts" not in argv and not any(a.startswith("--texts=") for a in argv):
+        args.texts = QUICK_TEXTS
+    if args.latency_reps is None:
+        args.latency_reps = 50 if args.quick else 300
+    if args.settle_s is None:
+        args.settle_s = 10.0 if args.quick else 60.0
+    if args.inprocess_child:
+        return _inprocess_child(args)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    configs = args.configs or parse_configs(DEFAULT_CONFIGS)
+    report = run(args, configs, _command_line(argv))
+    print(report.markdown(), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+    return 1 if any(r.errors for r in report.rows) else 0
+
+
+def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> Report:
+    from transformers import AutoTokenizer
+
+    from poolwire.actors.model import bundled_model_dir, max_model_length, read_sentence_transformers_config
+    from poolwire.actors.nats_server import NatsServer
+    from bench.workload import mixed_texts
+
+    model_dir = Path(args.model or bundled_model_dir())
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    st = read_sentence_transformers_config(model_dir)
+    max_len = max_model_length(st.max_seq_length if st else None,
+                               getattr(tokenizer, "model_max_length", None), None)
+
+    def count_tokens(batch: list[str]) -> list[int]:
+        # As the model sees them: special tokens included, truncated to its maximum length.
+        return [min(len(ids), max_len) for ids in tokenizer(batch, add_special_tokens=True)["input_ids"]]
+
+    texts = mixed_texts(args.texts, seed=args.seed)
+    tokens = count_tokens(texts)
+    # Sentence-Transformers truncates silently; poolwire refuses over-long input unless asked.
+    truncate = max(tokens) >= max_len
+    shorts = sum(map(is_short, texts))
+    _log(f"workload: {len(texts)} texts (seed {args.seed}), {shorts} short, {sum(tokens)} tokens, "
+         f"longest {max(tokens)}; setups {', '.join(c if isinstance(c, str) else c.key for c in configs)}")
+    report = Report(command, len(texts), args.seed, [], _machine())
+    if args.profile_worker:
+        Path(args.profile_worker).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="poolwire-bench-") as tmp:
+        server = None
+        try:
+            for config in configs:
+                if config == "inprocess":
+                    report.rows.extend(run_inprocess(args, count_tokens))
+                    continue
+                if server is None:
+                    server = NatsServer(store_dir=Path(tmp) / "nats")
+                    url = server.start()
+                    _log(f"nats-server at {url}")
+                report.rows.append(run_poolwire(config, url, texts, tokens, truncate, args,
+                                                Path(tmp)))
+        finally:
+            if server is not None:
+                server.stop()
+    return report
+
 
 if __name__ == "__main__":
     sys.exit(main())

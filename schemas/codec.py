@@ -10,7 +10,7 @@ from typing import Any
 
 import msgpack
 
-from schemas.errors import invalid
+from poolwire.schemas.errors import invalid
 
 
 class WireFormat(str, Enum):

@@ -5,8 +5,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from schemas.errors import invalid
-from schemas.tasks import Task
+from poolwire.schemas.errors import invalid
+from poolwire.schemas.tasks import Task
 
 TextOrTexts = Union[StrictStr, list[StrictStr]]
 # Token ids are used as given; ids are non-negative.

@@ -17,10 +17,10 @@ import nats  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from actors.model import bundled_model_dir, load_model  # noqa: E402
-from actors.nats_server import NatsServer  # noqa: E402
-from actors.settings import WorkerSettings  # noqa: E402
-from actors.worker import Worker  # noqa: E402
+from poolwire.actors.model import bundled_model_dir, load_model  # noqa: E402
+from poolwire.actors.nats_server import NatsServer  # noqa: E402
+from poolwire.settings import WorkerSettings  # noqa: E402
+from poolwire.actors.worker import Worker  # noqa: E402
 from tests.helpers import wait_until_answering  # noqa: E402
 
 _prefixes = itertools.count()

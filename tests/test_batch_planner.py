@@ -6,7 +6,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from actors.batch_planner import BatchPlanner, QueuedItem
+from poolwire.actors.batch_planner import BatchPlanner, QueuedItem
 
 
 def drain(planner: BatchPlanner) -> list[list[QueuedItem]]:

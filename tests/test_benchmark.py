@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from actors import benchmark
-from actors.benchmark import Setup, parse_configs, percentile
+from bench import throughput as benchmark
+from bench.throughput import Setup, parse_configs, percentile
 
 COLUMNS = "| setup | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process |"
 

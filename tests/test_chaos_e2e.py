@@ -6,15 +6,15 @@ import asyncio
 import msgpack
 import pytest
 
-import actors.engine
-import actors.validator
-from actors.client import PoolingClient, PoolingServiceError
+import poolwire.actors.engine
+import poolwire.actors.validator
+from poolwire.client import PoolingClient, PoolingServiceError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.chaos]
 
 
 async def test_a_failing_forward_pass_answers_its_batch_with_internal(minilm, start_worker, nc, prefix, monkeypatch):
-    real = actors.engine.run_batch
+    real = poolwire.actors.engine.run_batch
     calls = []
 
     def flaky(model, seqs, specs):
@@ -23,7 +23,7 @@ async def test_a_failing_forward_pass_answers_its_batch_with_internal(minilm, st
             raise RuntimeError("simulated device fault")
         return real(model, seqs, specs)
 
-    monkeypatch.setattr(actors.engine, "run_batch", flaky)
+    monkeypatch.setattr(poolwire.actors.engine, "run_batch", flaky)
     async with start_worker(minilm):
         client = PoolingClient(nc, prefix=prefix)
         with pytest.raises(PoolingServiceError) as info:
@@ -34,7 +34,7 @@ async def test_a_failing_forward_pass_answers_its_batch_with_internal(minilm, st
 
 
 async def test_a_crashing_validator_answers_internal_and_is_restarted(minilm, start_worker, nc, prefix, monkeypatch):
-    real = actors.validator.parse_request
+    real = poolwire.actors.validator.parse_request
     crashes = []
 
     def crash_on_marker(task, body):
@@ -43,7 +43,7 @@ async def test_a_crashing_validator_answers_internal_and_is_restarted(minilm, st
             raise KeyError("simulated bug")
         return real(task, body)
 
-    monkeypatch.setattr(actors.validator, "parse_request", crash_on_marker)
+    monkeypatch.setattr(poolwire.actors.validator, "parse_request", crash_on_marker)
     async with start_worker(minilm) as worker:
         client = PoolingClient(nc, prefix=prefix)
         results = await asyncio.gather(*(client.embed("crash me") for _ in range(3)),

@@ -30,7 +30,7 @@ async def test_serve_embedded_answers_then_drains_in_flight_requests_on_sigint(t
     env = {**os.environ, "POOLWIRE_STATE_DIR": str(tmp_path), "POOLWIRE_PREFIX": "cli.pooling"}
     env.pop("NATS_URL", None)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "actors.cli", "serve", "--nats-port", "-1",
+        sys.executable, "-m", "poolwire", "serve", "--nats-port", "-1",
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         url = (await read_until(proc.stdout, r"embedded nats-server \(JetStream\) at (\S+)")).group(1)
@@ -62,7 +62,7 @@ async def test_serve_embedded_answers_then_drains_in_flight_requests_on_sigint(t
 
 
 def test_a_task_the_model_cannot_do_fails_start_up_listing_supported_tasks(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--task", "classify",
+    out = subprocess.run([sys.executable, "-m", "poolwire", "serve", "--task", "classify",
                           "--nats-port", "-1", "--state-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
@@ -70,7 +70,7 @@ def test_a_task_the_model_cannot_do_fails_start_up_listing_supported_tasks(tmp_p
 
 
 async def run_cli(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "actors.cli", *args,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "poolwire", *args,
                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode, out.decode(), err.decode()

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from schemas.codec import WireFormat, decode, encode, sniff_format
-from schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.codec import WireFormat, decode, encode, sniff_format
+from poolwire.schemas.errors import ErrorCode, PoolingError
 
 
 def test_msgpack_round_trip_packs_floats_as_float32():

@@ -4,8 +4,8 @@
 import msgpack
 import pytest
 
-from actors.client import PoolingClient, PoolingServiceError
-from actors.workload import mixed_texts
+from poolwire.client import PoolingClient, PoolingServiceError
+from bench.workload import mixed_texts
 
 pytestmark = pytest.mark.timeout(120)
 

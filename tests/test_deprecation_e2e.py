@@ -11,9 +11,9 @@ import msgpack
 import pytest
 from nats.js.api import StreamConfig
 
-from actors.client import PoolingClient, PoolingServiceError
-from actors.events import events_stream_name
-from schemas.events import DeprecationEvent
+from poolwire.client import PoolingClient, PoolingServiceError
+from poolwire.actors.events import events_stream_name
+from poolwire.schemas.events import DeprecationEvent
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -117,7 +117,7 @@ async def test_poolwire_events_prints_each_event_as_a_json_line(minilm, start_wo
     import json
 
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "actors.cli", "events", "--nats-url", nats_server.url,
+        sys.executable, "-m", "poolwire", "events", "--nats-url", nats_server.url,
         "--prefix", prefix, "--count", "2", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         async with start_worker(minilm, task="embed"):

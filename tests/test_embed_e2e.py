@@ -5,8 +5,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from actors.client import PoolingClient
-from actors.workload import mixed_texts
+from poolwire.client import PoolingClient
+from bench.workload import mixed_texts
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -6,8 +6,8 @@ import json
 import msgpack
 import pytest
 
-from schemas.codec import decode
-from schemas.replies import ErrorFrame
+from poolwire.schemas.codec import decode
+from poolwire.schemas.replies import ErrorFrame
 
 pytestmark = pytest.mark.timeout(120)
 

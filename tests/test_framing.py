@@ -4,11 +4,11 @@ import msgpack
 import numpy as np
 import pytest
 
-from actors.framing import (ReplyStyle, done_frame, error_frame, header_bytes, item_frames,
+from poolwire.actors.framing import (ReplyStyle, done_frame, error_frame, header_bytes, item_frames,
                             one_reply, wire_item)
-from schemas.codec import WireFormat, decode
-from schemas.errors import ErrorCode, PoolingError
-from schemas.replies import DoneFrame, ErrorFrame, OneReply, StreamItemFrame
+from poolwire.schemas.codec import WireFormat, decode
+from poolwire.schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.replies import DoneFrame, ErrorFrame, OneReply, StreamItemFrame
 
 FLOAT = ReplyStyle(WireFormat.MSGPACK, binary=False, dtype="float32")
 

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from kernels import (  # noqa: E402
+from poolwire.kernels import (  # noqa: E402
     _launch,
     activation_reference,
     activation_triton,

@@ -15,8 +15,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels import (  # noqa: E402
+from poolwire import kernels  # noqa: E402
+from poolwire.kernels import (  # noqa: E402
     _launch,
     activation_kernel,
     activation_reference,

@@ -29,7 +29,7 @@ def rss_mib(pid: int, field: str) -> float:
 async def start_worker_process(url: str, prefix: str, *extra: str):
     env = {**os.environ, "POOLWIRE_PREFIX": prefix}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "actors.cli", "serve", "--nats-url", url, *extra,
+        sys.executable, "-m", "poolwire", "serve", "--nats-url", url, *extra,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     while True:
         line = await asyncio.wait_for(proc.stdout.readline(), 120)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from schemas.errors import ErrorCode, PoolingError
-from schemas.requests import parse_request, request_id_of
-from schemas.tasks import Task
+from poolwire.schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.requests import parse_request, request_id_of
+from poolwire.schemas.tasks import Task
 
 
 def error_of(task, body) -> PoolingError:

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from actors.runtime import Actor, MailboxFull, Supervisor
+from poolwire.actors.runtime import Actor, MailboxFull, Supervisor
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,40 +1,54 @@
-"""One settings object: defaults, POOLWIRE_* and NATS_URL from the environment, CLI values on
-top, and clear refusals."""
+"""One settings model: defaults, POOLWIRE_* and NATS_URL from the environment, `serve` options
+on top (all derived by pydantic-settings from the same fields), and clear refusals."""
 
 import pytest
 from pydantic import ValidationError
 
-from actors.cli import SERVE_KEYS, build_parser
-from actors.settings import WorkerSettings
+from poolwire.cli import build_parser, main
+from poolwire.settings import WorkerSettings
 
 
-def test_environment_overrides_defaults_and_explicit_values_override_the_environment():
-    env = {"POOLWIRE_TASK": "token_embed", "POOLWIRE_MAX_BATCH_SIZE": "8", "NATS_URL": "nats://h:1",
-           "POOLWIRE_MULTITASK": "reject"}
-    s = WorkerSettings.from_env(env)
+def settings_from(argv: list[str]) -> WorkerSettings:
+    parser, serve_options = build_parser()
+    return WorkerSettings(_cli_settings_source=serve_options(parsed_args=parser.parse_args(argv)))
+
+
+def test_environment_overrides_defaults_and_options_override_the_environment(monkeypatch):
+    for name, value in {"POOLWIRE_TASK": "token_embed", "POOLWIRE_MAX_BATCH_SIZE": "8",
+                        "NATS_URL": "nats://h:1", "POOLWIRE_MULTITASK": "reject"}.items():
+        monkeypatch.setenv(name, value)
+    s = WorkerSettings()
     assert (s.task, s.max_batch_size, s.nats_url, s.multitask) == ("token_embed", 8, "nats://h:1", "reject")
-    assert WorkerSettings.from_env(env, task="embed", max_batch_size=None).task == "embed"
-    assert WorkerSettings.from_env({"POOLWIRE_NATS_URL": "nats://a:2", "NATS_URL": "nats://b:3"}).nats_url == "nats://a:2"
+    s = settings_from(["serve", "--task", "embed", "--max-wait-ms", "5"])
+    assert (s.task, s.max_wait_ms, s.max_batch_size) == ("embed", 5.0, 8)
+    monkeypatch.setenv("POOLWIRE_NATS_URL", "nats://a:2")
+    assert WorkerSettings().nats_url == "nats://a:2"  # the specific name wins over NATS_URL
 
 
-def test_bad_values_are_refused_naming_the_field():
+def test_bad_values_are_refused_naming_the_field(monkeypatch):
+    monkeypatch.setenv("POOLWIRE_MULTITASK", "maybe")
     with pytest.raises(ValidationError, match="multitask"):
-        WorkerSettings.from_env({"POOLWIRE_MULTITASK": "maybe"})
+        WorkerSettings()
+    monkeypatch.delenv("POOLWIRE_MULTITASK")
+    monkeypatch.setenv("POOLWIRE_MAX_BATCH_TOKENS", "0")
     with pytest.raises(ValidationError, match="max_batch_tokens"):
-        WorkerSettings.from_env({"POOLWIRE_MAX_BATCH_TOKENS": "0"})
+        WorkerSettings()
 
 
-def test_every_serve_option_is_a_setting_and_an_environment_variable():
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
-    options = {a.dest for a in serve._actions if a.dest != "help"}
-    assert options == set(SERVE_KEYS)
-    assert set(SERVE_KEYS) <= set(WorkerSettings.model_fields)
+def test_every_setting_is_a_serve_option_with_its_description():
+    parser, _ = build_parser()
+    serve = parser._subparsers._group_actions[0].choices["serve"]
+    options = {a.option_strings[0]: a.help for a in serve._actions if a.dest != "help"}
+    for name, field in WorkerSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        assert flag in options, flag
+        assert field.description in options[flag]
     assert WorkerSettings.env_name("max_wait_ms") == "POOLWIRE_MAX_WAIT_MS"
 
 
-def test_serve_refuses_a_missing_model_folder_with_a_clear_message(tmp_path, capsys):
-    from actors.cli import main
-
+def test_serve_refuses_bad_options_and_a_missing_model_folder_with_one_line(tmp_path, capsys):
+    assert main(["serve", "--max-batch-size", "0"]) == 2
+    assert "max_batch_size" in capsys.readouterr().err
     assert main(["serve", "--model", str(tmp_path / "nope"), "--nats-port", "-1",
                  "--state-dir", str(tmp_path)]) == 2
     assert "has no config.json" in capsys.readouterr().err

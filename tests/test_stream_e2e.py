@@ -7,8 +7,8 @@ import nats
 import numpy as np
 import pytest
 
-from actors.framing import header_bytes
-from actors.nats_server import NatsServer
+from poolwire.actors.framing import header_bytes
+from poolwire.actors.nats_server import NatsServer
 
 pytestmark = pytest.mark.timeout(180)
 

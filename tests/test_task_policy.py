@@ -3,9 +3,9 @@ the verdict for each requested task (PROTOCOL.md "Task policy")."""
 
 import pytest
 
-from actors.task_policy import (TaskConfigError, TaskPolicy, Verdict, configured_task,
+from poolwire.actors.task_policy import (TaskConfigError, TaskPolicy, Verdict, configured_task,
                                 score_uses_configured_task, supported_tasks)
-from schemas.tasks import Task
+from poolwire.schemas.tasks import Task
 
 E, C, S, TE, TC = Task.EMBED, Task.CLASSIFY, Task.SCORE, Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from actors.client import PoolingClient, PoolingServiceError
-from actors.worker import Worker, task_policy_for
-from actors.settings import WorkerSettings
-from actors.task_policy import TaskConfigError
+from poolwire.client import PoolingClient, PoolingServiceError
+from poolwire.actors.worker import Worker, task_policy_for
+from poolwire.settings import WorkerSettings
+from poolwire.actors.task_policy import TaskConfigError
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -7,7 +7,7 @@ from typing import Any
 import msgpack
 import nats
 
-from schemas.codec import decode
+from poolwire.schemas.codec import decode
 
 
 class PoolingServiceError(Exception):

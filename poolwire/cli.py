@@ -6,39 +6,25 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import msgpack
+from pydantic import ValidationError
+from pydantic_settings import CliSettingsSource
 
-from actors.settings import WorkerSettings
+from poolwire.settings import ENV_PREFIX, WorkerSettings
 
 log = logging.getLogger("poolwire")
 
 
-def _serve_parser(sub) -> None:
+def _serve_parser(sub) -> CliSettingsSource:
+    """`serve` takes one option per WorkerSettings field, derived by pydantic-settings."""
     p = sub.add_parser("serve", help="run a worker (embedded NATS and bundled model by default)",
-                       description="Every option is also an environment variable POOLWIRE_<NAME> "
-                                   "(and NATS_URL for --nats-url).")
-    p.add_argument("--model", help="model folder (default: the bundled all-MiniLM-L6-v2)")
-    p.add_argument("--model-name", help="model name in replies (default: the folder's name)")
-    p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: CUDA when present)")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
-                   help="model dtype (default float32)")
-    p.add_argument("--task", help="the configured task (default: the priority rule)")
-    p.add_argument("--multitask", choices=["warn", "reject"],
-                   help="requests on other supported tasks: warn (default) or reject")
-    p.add_argument("--prefix", help="subject prefix (default: pooling)")
-    p.add_argument("--queue", help="queue group (default: poolwire)")
-    p.add_argument("--nats-url", help="NATS server URL (default: start an embedded nats-server)")
-    p.add_argument("--nats-port", type=int, help="embedded server's port (default 4222; -1: any)")
-    p.add_argument("--state-dir", help="embedded server's store (default: .poolwire)")
-    p.add_argument("--max-batch-tokens", type=int, help="padded tokens per forward pass")
-    p.add_argument("--max-batch-size", type=int, help="sequences per forward pass")
-    p.add_argument("--max-wait-ms", type=float, help="wait for more work when a batch is not full")
-    p.add_argument("--max-added-padding", type=int,
-                   help="padding tokens an item may add to join a batch (default 16)")
-    p.add_argument("--max-queued-tokens", type=int, help="admission bound (then: overloaded)")
-    p.add_argument("--drain-timeout-s", type=float, help="how long Ctrl-C waits for in-flight work")
+                       description="Every option is also an environment variable "
+                                   f"{ENV_PREFIX}<NAME> (and NATS_URL for --nats-url).")
+    return CliSettingsSource(WorkerSettings, root_parser=p)
 
 
 def _client_parser(sub, name: str, help: str) -> argparse.ArgumentParser:
@@ -49,11 +35,12 @@ def _client_parser(sub, name: str, help: str) -> argparse.ArgumentParser:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
+    """The parser, and the settings source that reads `serve`'s options from its result."""
     parser = argparse.ArgumentParser(prog="poolwire", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
+    serve_options = _serve_parser(sub)
     for name, help in (("embed", "embed texts and print the reply as JSON"),
                        ("classify", "classify texts and print the reply as JSON")):
         p = _client_parser(sub, name, help)
@@ -68,19 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "(options: poolwire bench --help)")
     p = _client_parser(sub, "events", "print deprecation events as JSON lines")
     p.add_argument("--count", type=int, default=0, help="stop after this many (0: run until Ctrl-C)")
-    return parser
-
-
-SERVE_KEYS = ("model", "model_name", "device", "dtype", "task", "multitask", "prefix", "queue", "nats_url",
-              "nats_port", "state_dir", "max_batch_tokens", "max_batch_size", "max_wait_ms",
-              "max_added_padding", "max_queued_tokens", "drain_timeout_s")
+    return parser, serve_options
 
 
 async def serve(settings: WorkerSettings) -> int:
-    from actors.model import bundled_model_dir, load_model
-    from actors.nats_server import NatsServer
-    from actors.task_policy import TaskConfigError
-    from actors.worker import Worker
+    from poolwire.actors.model import bundled_model_dir, load_model
+    from poolwire.actors.nats_server import NatsServer
+    from poolwire.actors.task_policy import TaskConfigError
+    from poolwire.actors.worker import Worker
 
     try:
         model = load_model(settings.model or bundled_model_dir(), settings.model_name,
@@ -126,7 +108,7 @@ async def serve(settings: WorkerSettings) -> int:
 
 
 async def client_command(args) -> int:
-    from actors.client import PoolingClient, PoolingServiceError
+    from poolwire.client import PoolingClient, PoolingServiceError
 
     async with PoolingClient(args.nats_url, prefix=args.prefix, timeout=args.timeout) as client:
         try:
@@ -159,19 +141,32 @@ async def tail_events(args) -> int:
     return 0
 
 
+def run_benchmark(argv: list[str]) -> int:
+    """The benchmark harness ships with the source repository (bench/), not in the wheel."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "throughput.py"
+    if not script.is_file():
+        print("poolwire: the benchmark comes with the source repository: clone it and run "
+              "`make bench` (or python bench/throughput.py)", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(script), *argv])
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # every option after `bench` is the benchmark's own
-        from actors.benchmark import main as bench_main
-
-        return bench_main(argv[1:])
-    args = build_parser().parse_args(argv)
+        return run_benchmark(argv[1:])
+    parser, serve_options = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders only
     if args.command == "serve":
-        overrides = {k: getattr(args, k) for k in SERVE_KEYS}
-        return asyncio.run(serve(WorkerSettings.from_env(**overrides)))
+        try:
+            settings = WorkerSettings(_cli_settings_source=serve_options(parsed_args=args))
+        except ValidationError as exc:
+            print(f"poolwire: {exc}", file=sys.stderr)
+            return 2
+        return asyncio.run(serve(settings))
     if args.command == "events":
         try:
             return asyncio.run(tail_events(args))

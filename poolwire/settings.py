@@ -1,15 +1,33 @@
-"""One settings object for the worker: the CLI, the environment (POOLWIRE_*, NATS_URL) and
-tests all build a WorkerSettings."""
+"""One settings model for the worker. pydantic-settings derives the environment variables
+(POOLWIRE_<FIELD>) and the `poolwire serve` options (--field-name) from the fields below and
+their descriptions, so the two can never disagree; tests build the same object directly."""
 
 import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "POOLWIRE_"
+
+# Variables every NATS tool reads, accepted under their usual names below POOLWIRE_<FIELD>.
+PLAIN_ENV = {"nats_url": "NATS_URL"}
 
 
-class WorkerSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _PlainNatsEnv(PydanticBaseSettingsSource):
+    """NATS_URL and friends, as the nats CLI and client libraries name them."""
+
+    def get_field_value(self, field, field_name):  # required by the base class; unused
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, str]:
+        return {f: os.environ[name] for f, name in PLAIN_ENV.items() if os.environ.get(name)}
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True,
+                                      cli_kebab_case=True, cli_hide_none_type=True)
 
     model: Path | None = Field(None, description="model folder; default: the bundled all-MiniLM-L6-v2")
     model_name: str | None = Field(None, description="name in replies; default: the folder's name")
@@ -21,7 +39,8 @@ class WorkerSettings(BaseModel):
         "warn", description="requests on other supported tasks: served with a warning, or refused")
     prefix: str = Field("pooling", description="subject prefix P: requests on P.<task>")
     queue: str = Field("poolwire", description="queue group shared by the workers")
-    nats_url: str | None = Field(None, description="NATS server; none: start an embedded one")
+    nats_url: str | None = Field(
+        None, description="NATS server (also NATS_URL); none: start an embedded one")
     nats_port: int = Field(4222, description="port of the embedded nats-server (-1: any free port)")
     state_dir: Path = Field(Path(".poolwire"), description="embedded server's JetStream store")
     max_batch_tokens: int = Field(8192, ge=1, description="padded tokens per forward pass")
@@ -33,19 +52,12 @@ class WorkerSettings(BaseModel):
     drain_timeout_s: float = Field(30.0, gt=0, description="how long a drain waits for in-flight work")
 
     @classmethod
-    def env_name(cls, field: str) -> str:
-        return "POOLWIRE_" + field.upper()
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings):
+        # Explicit values, then POOLWIRE_*, then NATS_URL-style names (the CLI, when given, is
+        # put above all of these by pydantic-settings itself).
+        return init_settings, env_settings, _PlainNatsEnv(settings_cls)
 
     @classmethod
-    def from_env(cls, environ=None, **overrides) -> "WorkerSettings":
-        """Defaults, overridden by POOLWIRE_* (and NATS_URL), overridden by explicit values."""
-        environ = os.environ if environ is None else environ
-        values: dict = {}
-        for name in cls.model_fields:
-            raw = environ.get(cls.env_name(name))
-            if raw not in (None, ""):
-                values[name] = raw
-        if "nats_url" not in values and environ.get("NATS_URL"):
-            values["nats_url"] = environ["NATS_URL"]
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(values)
+    def env_name(cls, field: str) -> str:
+        return ENV_PREFIX + field.upper()
