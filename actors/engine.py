@@ -16,6 +16,7 @@ from poolwire.actors.forward import run_batch
 from poolwire.actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
 from poolwire.actors.messages import Job
 from poolwire.actors.model import LoadedModel
+from poolwire.actors.precision import EXACT, PrecisionPlan
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Actor
 from poolwire.actors.stats import StageStats
@@ -60,8 +61,9 @@ class EngineActor(Actor):
 
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
-                 mailbox_size: int = 4096) -> None:
+                 mailbox_size: int = 4096, precision: PrecisionPlan = EXACT) -> None:
         super().__init__(mailbox_size)
+        self.precision = precision
         self.stats = stats or StageStats()
         self._publish_event = publish_event  # async callable(DeprecationEvent), or None
         self.model = model
@@ -152,7 +154,8 @@ class EngineActor(Actor):
                 seqs.append(flight.plan.sequences[i])
                 specs.append(flight.plan.spec)
             self._in_forward += 1
-            future = loop.run_in_executor(self._forward_thread, run_batch, self.model, seqs, specs)
+            future = loop.run_in_executor(self._forward_thread, run_batch, self.model, seqs, specs,
+                                          self.precision)
             previous = self._last_delivery
             self._last_delivery = asyncio.create_task(
                 self._complete(batch, seqs, future, previous), name="poolwire-deliver")

@@ -10,6 +10,7 @@ import torch
 
 from poolwire import kernels
 from poolwire.actors.model import LoadedModel, ModelKind
+from poolwire.actors.precision import EXACT, PrecisionPlan, autocast
 from poolwire.actors.task_heads import Forward, PoolSpec
 from poolwire.actors.tokenizing import TokenSeq
 
@@ -48,8 +49,10 @@ class BatchResult:
     pool_s: float               # pooling kernels and the copy out
 
 
-def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -> BatchResult:
-    """Pad, run the model once, pool every sequence as its spec says."""
+def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec],
+              precision: PrecisionPlan = EXACT) -> BatchResult:
+    """Pad, run the model once (under the precision's autocast), pool every sequence as its
+    spec says (the pooling kernels accumulate in float32 whatever the hidden states' dtype)."""
     forward = specs[0].forward
     if any(s.forward != forward for s in specs):
         raise ValueError("a micro-batch must need one kind of forward pass")
@@ -57,7 +60,7 @@ def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -
     pad_id = model.tokenizer.pad_token_id or 0
     ids, mask, types, lengths = (t.to(model.device, non_blocking=True)
                                  for t in pad_batch(seqs, pad_id))
-    with torch.inference_mode():
+    with torch.inference_mode(), autocast(precision):
         if forward == Forward.HIDDEN:
             out = model.encoder_hidden(ids, mask, types)         # [B, T, H]
         elif forward == Forward.SEQ_LOGITS:

@@ -16,6 +16,7 @@ from poolwire.actors.discovery import Discovery
 from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.model import LoadedModel
+from poolwire.actors.precision import precision_for
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
 from poolwire.actors.stats import StageStats
@@ -41,6 +42,7 @@ class Worker:
         self.settings = settings
         self.model = model
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
+        self.precision = precision_for(settings.precision, model.device, settings.dtype)
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = StageStats()
         self.discovery: Discovery | None = None
@@ -61,7 +63,7 @@ class Worker:
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms, max_added_padding=s.max_added_padding,
             max_queued_tokens=s.max_queued_tokens), self.events,
-            self.stats)
+            self.stats, precision=self.precision)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length, self.model.hidden_size),
             self.engine, replier, self.worker_id, self.stats)
@@ -80,15 +82,17 @@ class Worker:
         self.discovery = self._discovery(replier)
         await self.discovery.start()
         await self.nc.flush()  # subscriptions reach the server before we say we are ready
-        log.info("serving %s (task %s, supported %s, multitask %s) on %s.* queue %s",
+        log.info("serving %s (task %s, supported %s, multitask %s, %s) on %s.* queue %s",
                  self.model.name, self.policy.configured,
-                 ", ".join(t.value for t in self.policy.supported), s.multitask, s.prefix, s.queue)
+                 ", ".join(t.value for t in self.policy.supported), s.multitask,
+                 self.precision.describe(), s.prefix, s.queue)
 
     def _discovery(self, replier: Replier) -> Discovery:
         s, policy = self.settings, self.policy
         metadata = {"model": self.model.name, "configured_task": policy.configured.value,
                     "supported_tasks": ",".join(t.value for t in policy.supported),
                     "multitask": policy.multitask, "worker": self.worker_id}
+        metadata["precision"] = self.precision.served  # "exact" or "fast", as served
 
         def endpoint_stats() -> dict:
             busy_ns = int(sum(self.stats.seconds.values()) * 1e9)

@@ -94,6 +94,7 @@ async def serve(settings: WorkerSettings) -> int:
               f"queue group {settings.queue}\n"
               f"poolwire: configured task {policy.configured}; supported tasks "
               f"{', '.join(t.value for t in policy.supported)}; multitask {policy.multitask}\n"
+              f"poolwire: {worker.precision.describe()}\n"
               f"poolwire: try  poolwire embed \"hello world\"   or   "
               f"nats req {settings.prefix}.{policy.configured} '{{\"input\": \"hello\"}}'\n"
               f"poolwire: Ctrl-C drains in-flight requests and stops", flush=True)

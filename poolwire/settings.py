@@ -34,6 +34,10 @@ class WorkerSettings(BaseSettings):
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (CUDA when present)")
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32", description="the model's weights and activations")
+    precision: Literal["exact", "fast"] = Field(
+        "exact", description="exact: the weights' own dtype; fast: float32 weights under bfloat16 "
+                             "autocast (CPUs with native bfloat16, else float32) or float16 "
+                             "autocast (CUDA)")
     task: str | None = Field(None, description="the configured task; default: the priority rule")
     multitask: Literal["warn", "reject"] = Field(
         "warn", description="requests on other supported tasks: served with a warning, or refused")

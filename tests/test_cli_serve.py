@@ -27,7 +27,8 @@ async def read_until(stream, pattern: str, timeout: float = 120) -> re.Match:
 
 
 async def test_serve_embedded_answers_then_drains_in_flight_requests_on_sigint(tmp_path):
-    env = {**os.environ, "POOLWIRE_STATE_DIR": str(tmp_path), "POOLWIRE_PREFIX": "cli.pooling"}
+    env = {**os.environ, "POOLWIRE_STATE_DIR": str(tmp_path), "POOLWIRE_PREFIX": "cli.pooling",
+           "POOLWIRE_PRECISION": "fast"}
     env.pop("NATS_URL", None)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "poolwire", "serve", "--nats-port", "-1",
@@ -35,6 +36,9 @@ async def test_serve_embedded_answers_then_drains_in_flight_requests_on_sigint(t
     try:
         url = (await read_until(proc.stdout, r"embedded nats-server \(JetStream\) at (\S+)")).group(1)
         await read_until(proc.stdout, r"configured task embed; supported tasks embed, token_embed, score")
+        # The mode served: fast where this CPU has bfloat16, else float32 and the reason.
+        await read_until(proc.stdout, r"poolwire: precision (fast \(float32 weights under bfloat16 "
+                                      r"autocast\)$|exact .*no native bfloat16)")
         nc = await nats.connect(url)
         try:
             reply = await nc.request("cli.pooling.embed", b'{"input": "hello"}', timeout=30)
@@ -67,6 +71,14 @@ def test_a_task_the_model_cannot_do_fails_start_up_listing_supported_tasks(tmp_p
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "supports: embed, token_embed, score" in out.stderr
+
+
+def test_fast_precision_with_cast_weights_fails_start_up_naming_both_ways_out(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "poolwire", "serve", "--precision", "fast",
+                          "--dtype", "bfloat16", "--nats-port", "-1", "--state-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "pass --dtype float32 with --precision fast" in out.stderr
 
 
 async def run_cli(*args: str) -> tuple[int, str, str]:
