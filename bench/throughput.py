@@ -5,6 +5,7 @@ poolwire worker over a local nats-server, side by side on one deterministic work
     python bench/throughput.py --quick              # a small run, to check that it works
     python bench/throughput.py --configs inprocess,c1,c64 --texts 500
     python bench/throughput.py --worker-args="--max-batch-tokens 4096 --max-wait-ms 1"
+    python bench/throughput.py --modes exact,fast,bfloat16   # precision modes, side by side
 
 Setups (`--configs`, comma separated):
 - `inprocess`: `SentenceTransformer.encode(texts, batch_size=32)` in a subprocess of its own (so
@@ -13,7 +14,9 @@ Setups (`--configs`, comma separated):
 - `cN`: a poolwire worker, N requests in flight at once, one text per request;
 - `KxM`: a poolwire worker, K client connections each sending requests of M texts.
 
-Each poolwire setup gets a fresh worker process (`python -m poolwire serve`), started against
+Each poolwire setup runs once per precision mode (`--modes`: exact, fast, float16, bfloat16),
+and every mode's embeddings of the whole workload are compared with the in-process float32
+ones (minimum and mean cosine). Each poolwire run gets a fresh worker process (`python -m poolwire serve`), started against
 a nats-server this run starts, so peak RSS (VmHWM) is that setup's own; both sides are warmed up
 before timing. Prints progress to stderr and markdown to stdout: the table, the command that
 made it, the latency comparison, and where the CPU went. Numbers to compare, never assertions.
@@ -133,6 +136,8 @@ class Row:
     cpu_s: dict[str, float] = field(default_factory=dict)           # where the CPU went
     worker_stats: dict[str, float] = field(default_factory=dict)    # its $SRV.STATS, this phase
     notes: list[str] = field(default_factory=list)
+    mode: str = "float32"                                           # precision mode run
+    accuracy: dict[str, float] = field(default_factory=dict)        # vs float32 embeddings
 
     @property
     def texts_per_s(self) -> float:
@@ -176,12 +181,19 @@ class Report:
         return self.row("inprocess")
 
     def latency_comparison(self) -> str | None:
-        pool, single = self.row("c1"), self.row("inprocess-1")
-        if pool is None or single is None or not pool.short_latencies_ms:
+        single = self.row("inprocess-1")
+        pools = [r for r in self.rows if (r.key == "c1" or r.key.startswith("c1-"))
+                 and r.short_latencies_ms]
+        if single is None or not pools:
             return None
-        a, b = percentile(pool.short_latencies_ms, 50), single.p50_ms
-        return (f"latency, one short text: poolwire at concurrency 1 p50 {a:.2f} ms vs in-process "
-                f"encode([short]) p50 {b:.2f} ms: {a - b:+.2f} ms ({a / b:.2f}x)")
+        b = single.p50_ms
+        lines = []
+        for pool in pools:
+            a = percentile(pool.short_latencies_ms, 50)
+            lines.append(f"latency, one short text: poolwire at concurrency 1 ({pool.mode}) p50 "
+                         f"{a:.2f} ms vs in-process encode([short]) p50 {b:.2f} ms: "
+                         f"{a - b:+.2f} ms ({a / b:.2f}x)")
+        return "\n".join(lines)
 
     def throughput_comparison(self) -> str | None:
         base = self.baseline
@@ -193,19 +205,26 @@ class Report:
 
     def markdown(self) -> str:
         base = self.baseline
-        lines = ["| setup | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process |",
-                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines = ["| setup | mode | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process "
+                 "| min cos vs fp32 | mean cos vs fp32 |",
+                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in self.rows:
             ratio = f"{r.texts_per_s / base.texts_per_s:.2f}x" if base else "n/a (no inprocess run)"
             rss = f"{r.peak_rss_mib:.0f}" if r.peak_rss_mib is not None else "n/a"
-            lines.append(f"| {r.setup} | {r.texts_per_s:.1f} | {r.tokens_per_s:.0f} | "
-                         f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {rss} | {ratio} |")
+            acc = r.accuracy
+            cos = (f"{acc['min_cosine']:.6f} | {acc['mean_cosine']:.6f}" if acc
+                   else "reference | reference" if r.key == "inprocess" else "n/a | n/a")
+            lines.append(f"| {r.setup} | {r.mode} | {r.texts_per_s:.1f} | {r.tokens_per_s:.0f} | "
+                         f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {rss} | {ratio} | {cos} |")
         out = ["\n".join(lines), "",
                f"{self.texts} texts (bench.workload.mixed_texts, seed {self.seed}: 70% short "
                f"sentences, 30% passages of 60-200 words), {self.machine}. Latency is per request "
                f"for poolwire, per batch for the in-process batch encode (which sorts its batches "
                f"by length), per call for encode([short]). Peak RSS is VmHWM of the worker "
-               f"process, or of the in-process run's own process.",
+               f"process, or of the in-process run's own process. Cosines compare each text's "
+               f"embedding with the in-process float32 one (n/a without an inprocess run); a "
+               f"mode's name says what was asked and, after an arrow, what the worker served "
+               f"when it differs (its $SRV.INFO metadata).",
                "", f"command: {self.command}"]
         for line in (self.throughput_comparison(), self.latency_comparison()):
             if line:
@@ -453,7 +472,7 @@ def _inprocess_child(args: argparse.Namespace) -> int:
 
     texts = mixed_texts(args.texts, seed=args.seed)
     shorts = [t for t in texts if is_short(t)] or texts
-    model = SentenceTransformer(str(args.model or bundled_model_dir()), device="cpu")
+    model = SentenceTransformer(str(args.model or bundled_model_dir()), device=args.device)
     warm = mixed_texts(64, seed=args.seed + 1)
     model.encode(warm, batch_size=args.batch_size, show_progress_bar=False)
     for t in warm[:8]:
@@ -504,6 +523,10 @@ def _inprocess_child(args: argparse.Namespace) -> int:
     handle.remove()
     if len(embeddings) != len(texts):
         raise RuntimeError(f"encode returned {len(embeddings)} embeddings for {len(texts)} texts")
+    if args.reference_out:
+        import numpy as np
+
+        np.save(args.reference_out, np.asarray(embeddings, dtype=np.float32))
     print(json.dumps({
         "single": {"calls": args.latency_reps, "wall_s": single_wall, "latencies_ms": single_ms,
                    "peak_rss_mib": single_rss, "cpu_s": single_cpu, "background": single_background,
@@ -518,7 +541,10 @@ def _inprocess_child(args: argparse.Namespace) -> int:
 def run_inprocess(args: argparse.Namespace, count_tokens) -> list[Row]:
     cmd = [sys.executable, "-m", "bench.throughput", "--inprocess-child", "--texts", str(args.texts),
            "--seed", str(args.seed), "--batch-size", str(args.batch_size),
-           "--latency-reps", str(args.latency_reps), "--settle-s", str(args.settle_s)]
+           "--latency-reps", str(args.latency_reps), "--settle-s", str(args.settle_s),
+           "--device", args.device]
+    if args.reference_out:
+        cmd += ["--reference-out", args.reference_out]
     if args.model:
         cmd += ["--model", args.model]
     _log("in-process: starting its own process (SentenceTransformer)")
@@ -561,6 +587,8 @@ class LoadResult:
     worker_cpu_s: dict[str, float]
     background_cores: float
     worker_stats: dict[str, float] | None = None
+    vectors: list | None = None          # each text's embedding, in workload order
+    served_precision: str | None = None  # the worker's $SRV.INFO metadata says
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -619,6 +647,7 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
 
         if settle_s > 0:
             await asyncio.to_thread(wait_for_quiet, settle_s, label=label)
+        served = await worker_precision(conns[0]) if worker_pid else None
         stats_before = await worker_stats(conns[0]) if worker_pid else None
         meter = BackgroundMeter()
         cpu_before = thread_cpu_s(worker_pid) if worker_pid else {}
@@ -639,6 +668,7 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
             await c.close()
 
     errors, samples, mismatches, short_lat = 0, [], 0, []
+    vectors: list | None = [None] * len(texts)
     for (a, b), reply, lat in zip(chunks, replies, latencies):
         problem = None
         if isinstance(reply, BaseException) or reply is None:
@@ -649,8 +679,11 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
                 problem = f"{frame['error'].get('code')}: {frame['error'].get('message')}"
             elif len(frame.get("data", [])) != b - a:
                 problem = f"{len(frame.get('data', []))} items for {b - a} texts"
-            elif frame.get("usage", {}).get("prompt_tokens") != sum(tokens[a:b]):
-                mismatches += 1
+            else:
+                for item in frame["data"]:
+                    vectors[a + item["index"]] = item["data"]
+                if frame.get("usage", {}).get("prompt_tokens") != sum(tokens[a:b]):
+                    mismatches += 1
         if problem:
             errors += 1
             if len(samples) < 3:
@@ -660,7 +693,18 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
     worker_cpu = {k: cpu_after[k] - cpu_before[k] for k in cpu_after} if cpu_before else {}
     stats = stats_delta(stats_before, stats_after) if stats_before and stats_after else None
     return LoadResult(wall, latencies, short_lat, errors, samples, mismatches, client_cpu,
-                      worker_cpu, background, stats)
+                      worker_cpu, background, stats,
+                      vectors=None if any(v is None for v in vectors) else vectors,
+                      served_precision=served)
+
+
+async def worker_precision(nc) -> str | None:
+    """The precision the worker serves, from its $SRV.INFO metadata (None when it does not say)."""
+    try:
+        msg = await nc.request(f"$SRV.INFO.{STATS_SERVICE}", b"", timeout=1.0)
+        return (json.loads(msg.data).get("metadata") or {}).get("precision")
+    except Exception:
+        return None
 
 
 async def worker_stats(nc) -> dict[str, float] | None:
@@ -704,33 +748,44 @@ def stats_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 
 
 def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], truncate: bool,
-                 args: argparse.Namespace, workdir: Path) -> Row:
-    profile = Path(args.profile_worker) / f"worker-{setup.key}.prof" if args.profile_worker else None
-    worker = WorkerProcess(url, args.model, shlex.split(args.worker_args or ""),
-                           workdir / f"worker-{setup.key}.log", profile, args.torch_threads)
-    _log(f"{setup.label}: starting a worker")
+                 args: argparse.Namespace, workdir: Path, mode: str = "exact",
+                 reference=None) -> Row:
+    from bench.precision_modes import MODE_ARGS, embed_accuracy
+
+    key = setup.key if mode == "exact" else f"{setup.key}-{mode}"
+    label = setup.label if mode == "exact" else f"{setup.label}, {mode}"
+    profile = Path(args.profile_worker) / f"worker-{key}.prof" if args.profile_worker else None
+    worker_args = ["--device", args.device, *MODE_ARGS[mode], *shlex.split(args.worker_args or "")]
+    worker = WorkerProcess(url, args.model, worker_args, workdir / f"worker-{key}.log", profile,
+                           args.torch_threads)
+    _log(f"{label}: starting a worker")
     t0 = time.perf_counter()
     try:
         worker.start()
-        _log(f"{setup.label}: worker ready after {time.perf_counter() - t0:.1f} s; running")
+        _log(f"{label}: worker ready after {time.perf_counter() - t0:.1f} s; running")
         from bench.workload import mixed_texts
 
         result = asyncio.run(drive(url, texts, tokens, setup, timeout=args.timeout_s,
-                                   truncate=truncate, worker_pid=worker.pid, label=setup.label,
+                                   truncate=truncate, worker_pid=worker.pid, label=label,
                                    warmup=mixed_texts(64, seed=args.seed + 1),
                                    settle_s=args.settle_s))
         rss = peak_rss_mib(worker.pid)
     finally:
         worker.stop()
     if profile is not None and profile.exists():
-        _print_profile(profile, setup.label)
-    row = Row(setup.key, setup.label, len(texts), sum(tokens), result.wall_s, result.latencies_ms,
+        _print_profile(profile, label)
+    row = Row(key, label, len(texts), sum(tokens), result.wall_s, result.latencies_ms,
               rss, requests=len(result.latencies_ms), errors=result.errors,
               worker_stats=result.worker_stats or {},
               short_latencies_ms=result.short_latencies_ms,
               cpu_s={"worker_main": result.worker_cpu_s.get("main", math.nan),
                      "worker_other": result.worker_cpu_s.get("other", math.nan),
                      "client": result.client_cpu_s, "background": result.background_cores})
+    served = result.served_precision
+    expected = "fast" if mode == "fast" else "exact"
+    row.mode = mode if served in (None, expected) else f"{mode} -> {served}"
+    if reference is not None and result.vectors is not None:
+        row.accuracy = embed_accuracy(reference, result.vectors)
     if result.errors:
         row.notes.append(f"{result.errors} of {row.requests} requests failed, e.g. "
                          + "; ".join(result.error_samples))
@@ -738,8 +793,8 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
         row.notes.append(f"{result.token_mismatches} replies reported other token counts than "
                          f"the tokenizer here")
     for note in row.notes:
-        _log(f"{setup.label}: {note}")
-    _log(f"{setup.label}: {row.texts_per_s:.1f} texts/s, p50 {row.p50_ms:.2f} ms, "
+        _log(f"{label}: {note}")
+    _log(f"{label}: {row.texts_per_s:.1f} texts/s, p50 {row.p50_ms:.2f} ms, "
          f"p99 {row.p99_ms:.2f} ms, peak RSS {rss or math.nan:.0f} MiB")
     return row
 
@@ -756,6 +811,12 @@ def _print_profile(path: Path, label: str, top: int = 25) -> None:
 
 # ---- entry point ---------------------------------------------------------------------------
 
+def _parse_modes(spec: str) -> list[str]:
+    from bench.precision_modes import parse_modes
+
+    return parse_modes(spec)
+
+
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, description="Throughput and latency of in-process SentenceTransformer.encode "
@@ -769,6 +830,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help=f"a small run: {QUICK_TEXTS} texts (unless --texts is given) and 50 "
                         f"latency repetitions")
     p.add_argument("--model", help="model folder (default: the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--modes", type=_parse_modes, default=None,
+                   help="precision modes of the poolwire setups, comma separated: exact, fast "
+                        "(--precision), float16, bfloat16 (--dtype); default exact,fast")
+    p.add_argument("--device", default="cpu",
+                   help="device of the worker and of the in-process run: cpu, cuda, cuda:N "
+                        "(default cpu)")
     p.add_argument("--batch-size", type=int, default=32, help="in-process encode batch size")
     p.add_argument("--latency-reps", type=int, default=None,
                    help="in-process encode([short]) repetitions (default 300; --quick 50)")
@@ -787,6 +854,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "worker-<setup>.prof and print the top functions to stderr")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--inprocess-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--reference-out", help=argparse.SUPPRESS)  # the child's float32 embeddings
     return p
 
 
@@ -838,6 +906,7 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
 
     from poolwire.actors.model import bundled_model_dir, max_model_length, read_sentence_transformers_config
     from poolwire.actors.nats_server import NatsServer
+    from bench.precision_modes import DEFAULT_MODES, parse_modes
     from bench.workload import mixed_texts
 
     model_dir = Path(args.model or bundled_model_dir())
@@ -863,16 +932,22 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
     with tempfile.TemporaryDirectory(prefix="poolwire-bench-") as tmp:
         server = None
         try:
+            reference = None
+            args.reference_out = str(Path(tmp) / "reference.npy")
             for config in configs:
                 if config == "inprocess":
                     report.rows.extend(run_inprocess(args, count_tokens))
+                    import numpy as np
+
+                    reference = np.load(args.reference_out)
                     continue
                 if server is None:
                     server = NatsServer(store_dir=Path(tmp) / "nats")
                     url = server.start()
                     _log(f"nats-server at {url}")
-                report.rows.append(run_poolwire(config, url, texts, tokens, truncate, args,
-                                                Path(tmp)))
+                for mode in args.modes or parse_modes(DEFAULT_MODES):
+                    report.rows.append(run_poolwire(config, url, texts, tokens, truncate, args,
+                                                    Path(tmp), mode, reference))
         finally:
             if server is not None:
                 server.stop()

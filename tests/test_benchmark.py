@@ -9,9 +9,13 @@ import math
 import pytest
 
 from bench import throughput as benchmark
+import numpy as np
+
+from bench.precision_modes import embed_accuracy, parse_modes
 from bench.throughput import Setup, parse_configs, percentile
 
-COLUMNS = "| setup | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process |"
+COLUMNS = ("| setup | mode | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process "
+           "| min cos vs fp32 | mean cos vs fp32 |")
 
 
 def test_parse_configs_names_every_setup():
@@ -29,18 +33,18 @@ def test_percentile_interpolates_like_numpy():
     assert math.isnan(percentile([], 50))
 
 
-@pytest.mark.timeout(280)
+@pytest.mark.timeout(360)
 def test_small_run_answers_every_request_and_reports_every_row(tmp_path, capsys):
     out_json = tmp_path / "bench.json"
-    rc = benchmark.main(["--texts", "40", "--configs", "inprocess,c1,c4", "--latency-reps", "10",
-                         "--settle-s", "0", "--json", str(out_json)])
+    rc = benchmark.main(["--texts", "40", "--configs", "inprocess,c1", "--latency-reps", "10",
+                         "--settle-s", "0", "--modes", "exact,bfloat16", "--json", str(out_json)])
     stdout = capsys.readouterr().out
     assert rc == 0, stdout
 
     report = json.loads(out_json.read_text())
     rows = {r["key"]: r for r in report["rows"]}
-    assert list(rows) == ["inprocess", "inprocess-1", "c1", "c4"]
-    for key in ("c1", "c4"):
+    assert list(rows) == ["inprocess", "inprocess-1", "c1", "c1-bfloat16"]
+    for key in ("c1", "c1-bfloat16"):
         assert rows[key]["requests"] == 40 and rows[key]["errors"] == 0, rows[key]["notes"]
         assert rows[key]["texts"] == 40 and not rows[key]["notes"]  # token counts agree too
     assert rows["inprocess"]["texts"] == 40
@@ -50,14 +54,31 @@ def test_small_run_answers_every_request_and_reports_every_row(tmp_path, capsys)
             assert math.isfinite(row[name]) and row[name] > 0, (row["key"], name, row[name])
         assert row["p99_ms"] >= row["p50_ms"]
     assert math.isfinite(rows["c1"]["short_p50_ms"])
+    # Every text's embedding compared with in-process float32: exact is float32 itself.
+    assert rows["c1"]["accuracy"]["min_cosine"] > 0.99999
+    assert 0.99 < rows["c1-bfloat16"]["accuracy"]["min_cosine"] < 1.0
+    assert rows["c1-bfloat16"]["mode"] == "bfloat16" and rows["c1"]["mode"] == "exact"
 
     lines = stdout.splitlines()
     header = lines.index(COLUMNS)
     table = lines[header + 2: header + 2 + len(rows)]
-    assert len(table) == 4 and all(line.count("|") == 8 for line in table)
+    assert len(table) == 4 and all(line.count("|") == 11 for line in table)
     assert table[0].startswith("| in-process encode, batch size 32 |")
-    assert table[0].endswith("| 1.00x |")
+    assert table[0].endswith("| 1.00x | reference | reference |")
     assert any(line.startswith("command: ") and "--texts 40" in line for line in lines)
-    assert any(line.startswith("latency, one short text: poolwire at concurrency 1 p50 ")
+    assert any(line.startswith("latency, one short text: poolwire at concurrency 1 (exact) p50 ")
                for line in lines)
     assert report["latency_comparison"] and report["throughput_comparison"]
+
+
+def test_modes_are_parsed_and_accuracy_is_cosine_to_the_reference():
+    assert parse_modes("exact, fast,bfloat16,fast") == ["exact", "fast", "bfloat16"]
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown mode 'int8'"):
+        parse_modes("exact,int8")
+    ref = np.array([[1.0, 0.0], [0.0, 2.0]])
+    got = np.array([[1.0, 0.0], [1.0, 1.0]])   # cosines 1 and 1/sqrt(2)
+    acc = embed_accuracy(ref, got)
+    assert acc["min_cosine"] == pytest.approx(2 ** -0.5)
+    assert acc["mean_cosine"] == pytest.approx((1 + 2 ** -0.5) / 2)
+    with pytest.raises(ValueError, match=r"\(1, 2\) embeddings to compare with \(2, 2\)"):
+        embed_accuracy(ref, got[:1])
