@@ -16,6 +16,7 @@ from poolwire.actors.discovery import Discovery
 from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.model import LoadedModel
+from poolwire.actors.model_fields import ModelFacts
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
 from poolwire.actors.stats import StageStats
@@ -63,7 +64,8 @@ class Worker:
             max_queued_tokens=s.max_queued_tokens), self.events,
             self.stats)
         self.validator = ValidatorActor(
-            self.policy, ModelLimits(self.model.name, self.model.max_length, self.model.hidden_size),
+            self.policy, ModelLimits(self.model.name, self.model.max_length,
+                                     self.model.embedding_size, ModelFacts.of(self.model)),
             self.engine, replier, self.worker_id, self.stats)
         self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier, self.stats)
         # Subscribe before creating the events stream, and start the actors only once it exists:
@@ -80,15 +82,16 @@ class Worker:
         self.discovery = self._discovery(replier)
         await self.discovery.start()
         await self.nc.flush()  # subscriptions reach the server before we say we are ready
-        log.info("serving %s (task %s, supported %s, multitask %s) on %s.* queue %s",
-                 self.model.name, self.policy.configured,
+        log.info("serving %s (revision %s, task %s, supported %s, multitask %s) on %s.* queue %s",
+                 self.model.name, self.model.revision, self.policy.configured,
                  ", ".join(t.value for t in self.policy.supported), s.multitask, s.prefix, s.queue)
 
     def _discovery(self, replier: Replier) -> Discovery:
         s, policy = self.settings, self.policy
         metadata = {"model": self.model.name, "configured_task": policy.configured.value,
                     "supported_tasks": ",".join(t.value for t in policy.supported),
-                    "multitask": policy.multitask, "worker": self.worker_id}
+                    "multitask": policy.multitask, "worker": self.worker_id,
+                    "model_revision": self.model.revision}
 
         def endpoint_stats() -> dict:
             busy_ns = int(sum(self.stats.seconds.values()) * 1e9)

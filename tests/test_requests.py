@@ -27,7 +27,7 @@ def test_defaults_and_null_counts_as_absent():
 
 @pytest.mark.parametrize("body, field", [
     ({"input": "x", "dimension": 3}, "dimension"),                 # typo: unknown key
-    ({"input": "x", "use_activation": True}, "use_activation"),    # not valid for embed
+    ({"input": "x", "aggregation": "simple"}, "aggregation"),      # not valid for embed
     ({"input": "x", "dimensions": 3.0}, "dimensions"),             # float where int expected
     ({"input": "x", "dimensions": True}, "dimensions"),            # bool where int expected
     ({"input": "x", "dimensions": 0}, "dimensions"),               # range
