@@ -123,6 +123,9 @@ def _read_dense(dense_dir: Path) -> DenseLayer:
     if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
         raise ValueError(f"{cfg_file}: a Dense module on {cfg['module_input_name']!r} is not "
                          f"supported; poolwire applies Dense modules to the pooled embedding")
+    if cfg.get("use_residual"):
+        raise ValueError(f"{cfg_file}: a residual Dense module (use_residual) is not supported "
+                         f"by poolwire")
     weights_file = dense_dir / "model.safetensors"
     if weights_file.is_file():
         from safetensors.torch import load_file
