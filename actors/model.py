@@ -110,6 +110,7 @@ class LoadedModel:
     revision: str = LOCAL_REVISION
     token_head: TokenHead | None = None  # a sequence classifier's head applied per token
     takes_token_types: bool = True      # the module's forward accepts token_type_ids
+    decoder: bool = False               # decoder-only (causal) language model
 
     def __post_init__(self) -> None:
         if not self.embedding_size:
@@ -149,6 +150,14 @@ class LoadedModel:
     def head_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The classification head's logits: [B, labels] or [B, T, labels]."""
+        if self.decoder and self.kind == ModelKind.SEQUENCE_CLASSIFICATION and self.token_head:
+            # A decoder classifies with its last real token (vLLM's LAST pooling). transformers
+            # finds that token through config.pad_token_id, which many decoder configs leave
+            # unset (it then refuses batches); the attention mask of our right-padded batch
+            # says it directly.
+            rows = self.token_logits(input_ids, attention_mask, token_type_ids)  # [B, T, labels]
+            last = attention_mask.sum(dim=1) - 1                                  # [B]
+            return rows[torch.arange(rows.shape[0], device=rows.device), last]
         return self.module(**self._inputs(input_ids, attention_mask, token_type_ids)).logits
 
     def token_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -237,6 +246,7 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         revision=source.revision,
         token_head=per_token_head(module) if kind == ModelKind.SEQUENCE_CLASSIFICATION else None,
         takes_token_types="token_type_ids" in inspect.signature(module.forward).parameters,
+        decoder=is_decoder_only(config),
     )
     log.info("loaded %s (%s, %s) from %s, revision %s, on %s (%s): max length %d, pooling %s, "
              "dense %s, normalize %s, embedding size %d", model.name, architecture, kind, path,

@@ -12,7 +12,8 @@ from transformers import (AutoTokenizer, BertConfig, BertForSequenceClassificati
                           BertForTokenClassification, BertModel, DebertaV2Config,
                           DebertaV2ForSequenceClassification, DebertaV2ForTokenClassification,
                           DistilBertConfig, DistilBertForSequenceClassification,
-                          DistilBertForTokenClassification, Qwen3Config, Qwen3Model,
+                          DistilBertForTokenClassification, Qwen3Config,
+                          Qwen3ForSequenceClassification, Qwen3Model,
                           RobertaConfig, RobertaForSequenceClassification, XLMRobertaConfig,
                           XLMRobertaForSequenceClassification)
 
@@ -52,10 +53,11 @@ def _distilbert(**extra) -> DistilBertConfig:
                             max_position_embeddings=512, pad_token_id=0, **extra)
 
 
-def _qwen3() -> Qwen3Config:
+def _qwen3(pad_token_id: int | None = 0, **extra) -> Qwen3Config:
     return Qwen3Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                       intermediate_size=64, max_position_embeddings=512, pad_token_id=0)
+                       intermediate_size=64, max_position_embeddings=512,
+                       pad_token_id=pad_token_id, **extra)
 
 
 def _save_hf(folder: Path, model, tokenizer_dir: Path, padding_side: str = "right") -> Path:
@@ -138,6 +140,11 @@ def build_zoo(root: Path, tokenizer_dir: Path) -> dict[str, Path]:
     zoo["qwen3_st"] = _sentence_transformer(root / "qwen3-st", base, "lasttoken", None, True)
     seeded(14)
     zoo["qwen3_plain"] = _save_hf(root / "qwen3-plain", Qwen3Model(_qwen3()), tokenizer_dir)
+
+    seeded(15)
+    # No pad_token_id, as in many decoder configs: transformers itself then refuses batches.
+    zoo["qwen3_seq"] = _save_hf(root / "qwen3-seq", Qwen3ForSequenceClassification(
+        _qwen3(pad_token_id=None, **_labels(1))), tokenizer_dir)
 
     seeded(21)
     zoo["roberta3"] = _save_hf(root / "roberta3", RobertaForSequenceClassification(

@@ -164,6 +164,8 @@ def token_head_by_hand(model, hidden: torch.Tensor) -> torch.Tensor:
     if hasattr(m, "pooler"):                                          # DeBERTa ContextPooler
         act = ACT2FN[m.config.pooler_hidden_act]
         return m.classifier(act(m.pooler.dense(hidden)))
+    if hasattr(m, "score"):                                           # decoders
+        return m.score(hidden)
     if hasattr(m.classifier, "out_proj"):                             # RoBERTa, XLM-R
         return m.classifier.out_proj(torch.tanh(m.classifier.dense(hidden)))
     return m.classifier(hidden)                                       # BERT
@@ -171,8 +173,10 @@ def token_head_by_hand(model, hidden: torch.Tensor) -> torch.Tensor:
 
 def reference_classifier(model, kind: str):
     def logits(texts):
-        with torch.inference_mode():
-            return model.module(**model.tokenizer(texts, padding=True, return_tensors="pt")).logits
+        with torch.inference_mode():  # one text at a time: a decoder without pad id needs it
+            return torch.cat([model.module(**{
+                k: v for k, v in model.tokenizer(t, return_tensors="pt").items()
+                if k != "token_type_ids" or model.takes_token_types}).logits for t in texts])
 
     def tokens(enc):
         return token_head_by_hand(model, model.module.base_model(**{
@@ -185,7 +189,7 @@ def reference_classifier(model, kind: str):
 
 @pytest.mark.parametrize("name, kind", [("roberta3", "softmax"), ("xlmr3", "softmax"),
                                         ("distil_seq", "softmax"), ("deberta_seq", "softmax"),
-                                        ("regression", "none")])
+                                        ("regression", "none"), ("qwen3_seq", "sigmoid")])
 async def test_sequence_classifiers(zoo, start_worker, nc, prefix, name, kind):
     """classify, and token_classify with the model's own head on every token; a regression
     head (problem_type regression) is returned unchanged, as vLLM does."""
@@ -196,16 +200,19 @@ async def test_sequence_classifiers(zoo, start_worker, nc, prefix, name, kind):
         got = await client.classify(TEXTS)
         raw = await client.classify(TEXTS, use_activation=False)
         tokens = await client.token_classify(TEXTS)
-        score = await client.score(QUERY, DOCS) if name == "regression" else None
+        score = await client.score(QUERY, DOCS) if model.num_labels == 1 else None
     close(np.stack(rows(got)), want)
     close(np.stack(rows(raw)), activation(torch.from_numpy(want), "none") if kind == "none"
           else reference_classifier(model, "none")[0])
     for got_rows, want_rows in zip(rows(tokens), want_tokens):
         close(got_rows, want_rows)
     if score is not None:  # one label: also a cross-encoder, identity for regression
-        pairs = model.tokenizer([QUERY] * 2, DOCS, padding=True, return_tensors="pt")
         with torch.inference_mode():
-            close([i["data"] for i in score["data"]], model.module(**pairs).logits[:, 0].numpy())
+            pairs = [model.tokenizer(QUERY, d, return_tensors="pt") for d in DOCS]
+            want_scores = torch.cat([model.module(**{
+                k: v for k, v in p.items() if k != "token_type_ids" or model.takes_token_types}
+            ).logits[:, 0] for p in pairs])
+        close([i["data"] for i in score["data"]], activation(want_scores, kind))
 
 
 @pytest.mark.parametrize("name", ["roberta1_ce", "xlmr1_ce"])
@@ -291,6 +298,7 @@ async def test_entities_equal_the_transformers_pipeline(zoo, start_worker, nc, p
     ("distil_seq", "classify,token_classify", "classify"),
     ("deberta_seq", "classify,token_classify", "classify"),
     ("regression", "classify,token_classify,score", "classify"),
+    ("qwen3_seq", "classify,token_classify,score", "classify"),
     ("deberta_tok", "token_classify", "token_classify"),
     ("ner", "token_classify", "token_classify"),
 ])
