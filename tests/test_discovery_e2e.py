@@ -41,11 +41,18 @@ async def test_ping_info_and_stats_of_two_workers(minilm, start_worker, nc, pref
     assert meta[first.discovery.id]["model"] == "all-MiniLM-L6-v2"
     assert meta[first.discovery.id]["configured_task"] == "embed"
     assert meta[first.discovery.id]["supported_tasks"] == "embed,token_embed,score"
+    assert {k: meta[first.discovery.id][k] for k in
+            ("prefix", "queue", "embedding_size", "max_length", "dtype", "device")} == {
+        "prefix": prefix, "queue": "poolwire", "embedding_size": "384", "max_length": "256",
+        "dtype": "float32", "device": "cpu"}
     info = json.loads(info.data)
     assert info["endpoints"][0]["subject"] == f"{prefix}.*" and info["endpoints"][0]["queue_group"] == "poolwire"
     # The queue group shares the 7 requests (plus the fixtures' readiness probes) between both.
     assert sum(s["endpoints"][0]["num_requests"] for s in stats) >= 7
     assert sum(s["endpoints"][0]["num_errors"] for s in stats) >= 1
+    # The worker that answered the non-map body says what its last error was.
+    assert any(s["endpoints"][0]["last_error"] == "invalid_request: the body must be a map, got a int"
+               for s in stats)
     data = [s["endpoints"][0]["data"] for s in stats]
     assert sum(d["sequences"] for d in data) == 6
     for d in data:
