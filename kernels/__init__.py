@@ -7,7 +7,8 @@ references run everywhere. The `*_reference` variants, and where Triton is insta
 `*_triton` ones, run one side directly, for tests and benchmarks.
 """
 
-from .dispatch import TRITON_AVAILABLE, activation, backend_for, seq_pool, token_pool
+from .dispatch import (TRITON_AVAILABLE, activation, backend_for, describe_backend, seq_pool,
+                       token_pool)
 from .reference import activation_reference, seq_pool_reference, token_pool_reference
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "activation",
     "activation_reference",
     "backend_for",
+    "describe_backend",
     "seq_pool",
     "seq_pool_reference",
     "token_pool",

@@ -37,6 +37,15 @@ def backend_for(tensor: torch.Tensor) -> Backend:
     return "reference"
 
 
+def describe_backend(device: torch.device | str) -> str:
+    """One line for a worker's start-up: which pooling implementation runs on `device`."""
+    if not TRITON_AVAILABLE:
+        return "PyTorch references (Triton is not installed)"
+    if backend_for(torch.empty(0, device=device)) == "triton":
+        return "Triton" + (" (interpreter)" if _launch.INTERPRETED else "")
+    return "PyTorch references (Triton kernels run on CUDA devices)"
+
+
 def seq_pool(
     hidden: torch.Tensor,
     lengths: torch.Tensor,
