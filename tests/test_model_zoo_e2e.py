@@ -357,3 +357,19 @@ async def test_a_hub_id_resolves_through_the_cache_and_shows_its_revision(
         reply = await PoolingClient(nc, prefix=prefix).embed("hello")
     assert json.loads(info_reply.data)["metadata"]["model_revision"] == commit
     assert reply["model"] == "zoo-org/cls-prompts"
+
+
+def test_serve_with_a_hub_id_not_in_the_cache_says_how_models_load(tmp_path):
+    """`poolwire serve --model org/name`, offline, with an empty cache: exit 2 and one line."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1",
+           "POOLWIRE_STATE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "poolwire", "serve", "--model", "zoo-org/absent",
+                           "--nats-url", "nats://127.0.0.1:1"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("poolwire:")]
+    assert len(lines) == 1 and "'zoo-org/absent'" in lines[0] and "HF_HUB_OFFLINE" in lines[0]
