@@ -44,7 +44,9 @@ def resolve_model_source(value: str | Path) -> ModelSource:
             raise ValueError(f"{folder.resolve()} is not a model folder: it has no config.json")
         return ModelSource(folder.resolve(), LOCAL_REVISION)
     if not _looks_like_repo_id(text):
-        raise ValueError(how_models_load(text))
+        raise ValueError(f"{folder.resolve()} is not a model folder: it has no config.json "
+                         f"(nothing exists there); pass a folder holding a transformers model, "
+                         f"or a Hugging Face hub id (org/name) from the local cache")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
