@@ -53,3 +53,32 @@ def test_the_prompt_a_request_gets():
     assert get(Task.SCORE, {"text_1": "a", "text_2": "b"}) == "q: "
     assert get(Task.CLASSIFY, {"input": "x"}) == ""                  # prompts are for embedders
     assert prompt_for(Task.EMBED, parse_request(Task.EMBED, {"input": "x"}), {}, None) == ""
+
+
+def test_tokens_and_offsets_of_text_prompt_and_token_id_input(minilm):
+    """return_tokens: spans are in the input text (a prompt's own tokens have none), and
+    token-id input has tokens but no spans; a left cut keeps the spans of what is left."""
+    from poolwire.actors.task_heads import plan_task
+    from poolwire.actors.tokenizing import Tokenizing
+
+    tok = Tokenizing(minilm.tokenizer, minilm.max_length)
+    text = "Angela Merkel visited Paris"
+
+    def meta(body):
+        return plan_task(Task.TOKEN_EMBED, parse_request(Task.TOKEN_EMBED, body), minilm,
+                         tok).token_meta[0]
+
+    plain = meta({"input": text, "return_tokens": True})
+    prompted = meta({"input": text, "return_tokens": True, "prompt": "query: "})
+    ids = meta({"input": [101, 2000, 102], "return_tokens": True})
+    cut = meta({"input": text, "return_tokens": True, "truncate_prompt_tokens": 4,
+                "truncation_side": "left"})
+    assert plain["tokens"][0] == "[CLS]" and plain["offsets"][0] is None and plain["offsets"][-1] is None
+    assert [text[a:b].lower() for a, b in plain["offsets"][1:-1]] == \
+        [t.removeprefix("##") for t in plain["tokens"][1:-1]]
+    # "query", ":" carry no span; the text's tokens carry the same spans as without a prompt.
+    assert prompted["tokens"][1:3] == ["query", ":"] and prompted["offsets"][1:3] == [None, None]
+    assert prompted["offsets"][3:] == plain["offsets"][1:]
+    assert ids == {"tokens": ["[CLS]", "to", "[SEP]"], "offsets": [None, None, None]}
+    assert cut["tokens"] == ["[CLS]"] + plain["tokens"][-3:-1] + ["[SEP]"]
+    assert cut["offsets"][1:-1] == plain["offsets"][-3:-1]
