@@ -13,7 +13,7 @@ from transformers import (AutoTokenizer, BertConfig, BertForSequenceClassificati
                           DebertaV2ForSequenceClassification, DebertaV2ForTokenClassification,
                           DistilBertConfig, DistilBertForSequenceClassification,
                           DistilBertForTokenClassification, Qwen3Config,
-                          Qwen3ForSequenceClassification, Qwen3Model,
+                          Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model,
                           RobertaConfig, RobertaForSequenceClassification, XLMRobertaConfig,
                           XLMRobertaForSequenceClassification)
 
@@ -139,7 +139,8 @@ def build_zoo(root: Path, tokenizer_dir: Path) -> dict[str, Path]:
     base = _save_hf(root / "_qwen3", Qwen3Model(_qwen3()), tokenizer_dir, padding_side="left")
     zoo["qwen3_st"] = _sentence_transformer(root / "qwen3-st", base, "lasttoken", None, True)
     seeded(14)
-    zoo["qwen3_plain"] = _save_hf(root / "qwen3-plain", Qwen3Model(_qwen3()), tokenizer_dir)
+    # As decoder embedders often ship (Qwen3-Embedding's config names Qwen3ForCausalLM).
+    zoo["qwen3_plain"] = _save_hf(root / "qwen3-plain", Qwen3ForCausalLM(_qwen3()), tokenizer_dir)
 
     seeded(15)
     # No pad_token_id, as in many decoder configs: transformers itself then refuses batches.

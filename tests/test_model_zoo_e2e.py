@@ -141,13 +141,17 @@ async def test_prompts_dimensions_and_use_activation(zoo, zoo_dirs, start_worker
 
 
 async def test_a_decoder_folder_without_sentence_transformers_config_pools_its_last_token(
-        zoo, start_worker, nc, prefix):
+        zoo, zoo_dirs, start_worker, nc, prefix):
     """vLLM's default for decoders (LAST), normalised (no Sentence-Transformers folder)."""
+    from transformers import Qwen3ForCausalLM
+
     model = zoo("qwen3_plain")
-    assert (model.pooling_method, model.normalize_default) == ("last", True)
+    assert (model.architecture, model.pooling_method, model.normalize_default) == \
+        ("Qwen3ForCausalLM", "last", True)
+    lm = Qwen3ForCausalLM.from_pretrained(zoo_dirs["qwen3_plain"]).eval()
     want = [normalised(torch.from_numpy(r[-1])).numpy() for r in per_text(
-        model, TEXTS, lambda enc: model.module(input_ids=enc["input_ids"],
-                                               attention_mask=enc["attention_mask"]).last_hidden_state)]
+        model, TEXTS, lambda enc: lm.model(input_ids=enc["input_ids"],
+                                           attention_mask=enc["attention_mask"]).last_hidden_state)]
     async with start_worker(model):
         got = await PoolingClient(nc, prefix=prefix).embed(TEXTS)
     close(np.stack(rows(got)), np.stack(want))
