@@ -149,12 +149,18 @@ async def test_a_decoder_folder_without_sentence_transformers_config_pools_its_l
     assert (model.architecture, model.pooling_method, model.normalize_default) == \
         ("Qwen3ForCausalLM", "last", True)
     lm = Qwen3ForCausalLM.from_pretrained(zoo_dirs["qwen3_plain"]).eval()
-    want = [normalised(torch.from_numpy(r[-1])).numpy() for r in per_text(
-        model, TEXTS, lambda enc: lm.model(input_ids=enc["input_ids"],
-                                           attention_mask=enc["attention_mask"]).last_hidden_state)]
+    hidden = per_text(model, TEXTS, lambda enc: lm.model(
+        input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state)
+    want = np.stack([normalised(torch.from_numpy(r[-1])).numpy() for r in hidden])
     async with start_worker(model):
-        got = await PoolingClient(nc, prefix=prefix).embed(TEXTS)
-    close(np.stack(rows(got)), np.stack(want))
+        client = PoolingClient(nc, prefix=prefix)
+        got = await client.embed(TEXTS)
+        tokens = await client.token_embed(TEXTS)
+        score = await client.score(TEXTS[0], TEXTS[1:])
+    close(np.stack(rows(got)), want)
+    for got_rows, raw in zip(rows(tokens), hidden):
+        close(got_rows, normalised(torch.from_numpy(raw)).numpy())
+    close([i["data"] for i in score["data"]], want[1:] @ want[0])
 
 
 # ---- classifiers ----
