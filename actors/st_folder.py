@@ -133,7 +133,9 @@ def _read_dense(dense_dir: Path) -> DenseLayer:
         state = load_file(weights_file)
     else:
         state = torch.load(dense_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    activation = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
+    # Absent: Sentence-Transformers' default (Tanh); null: no activation.
+    activation = cfg.get("activation_function", "torch.nn.modules.activation.Tanh") \
+        or "torch.nn.modules.linear.Identity"
     _activation_module(activation)  # fail at load, naming the activation, not at the first request
     return DenseLayer(state["linear.weight"].float(),
                       state["linear.bias"].float() if cfg.get("bias", True) else None, activation)
