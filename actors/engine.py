@@ -16,6 +16,7 @@ from poolwire.actors.forward import run_batch
 from poolwire.actors.inline_forward import runs_inline
 from poolwire.actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
 from poolwire.actors.messages import Job
+from poolwire.actors.metrics import WorkerMetrics
 from poolwire.actors.model import LoadedModel
 from poolwire.actors.precision import EXACT, PrecisionPlan
 from poolwire.actors.replier import Replier
@@ -72,10 +73,12 @@ class EngineActor(Actor):
 
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
-                 mailbox_size: int = 4096, precision: PrecisionPlan = EXACT) -> None:
+                 mailbox_size: int = 4096, metrics: WorkerMetrics | None = None,
+                 precision: PrecisionPlan = EXACT) -> None:
         super().__init__(mailbox_size)
         self.precision = precision
         self.stats = stats or StageStats()
+        self._metrics = metrics
         self._publish_event = publish_event  # async callable(DeprecationEvent), or None
         self.model = model
         self.limits = limits
@@ -96,6 +99,15 @@ class EngineActor(Actor):
     @property
     def backlog(self) -> int:
         return super().backlog + len(self._inflight)
+
+    @property
+    def queued_items(self) -> int:
+        """Sequences waiting for a forward pass."""
+        return len(self._planner)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._planner.queued_tokens
 
     async def receive(self, job: Job) -> None:
         try:
@@ -207,7 +219,10 @@ class EngineActor(Actor):
         st.batches += 1
         st.sequences += len(seqs)
         st.real_tokens += tokens
-        st.padded_tokens += len(seqs) * max(len(s) for s in seqs)
+        padded = len(seqs) * max(len(s) for s in seqs)
+        st.padded_tokens += padded
+        if self._metrics is not None:
+            self._metrics.observe_batch(len(seqs), padded)
         rate = tokens / max(result.forward_s + result.pool_s, 1e-6)
         self._tokens_per_s = rate if not self._tokens_per_s else 0.8 * self._tokens_per_s + 0.2 * rate
 
@@ -284,7 +299,8 @@ class EngineActor(Actor):
         for index, value in items:
             with self.stats.timed("encode"):
                 bodies = item_frames(job.request_id, index, np.asarray(value), flight.style,
-                                     token_level, self._replier.max_payload, job.headers)
+                                     token_level, self._replier.max_payload, job.headers,
+                                     flight.plan.extras(index, value))
             for body in bodies:
                 await self._publish(job, body)
 
@@ -307,13 +323,17 @@ class EngineActor(Actor):
                                   plan.prompt_tokens, flight.style, warnings, labels)
         else:
             with self.stats.timed("encode"):
-                wire = [wire_item(i, np.asarray(v), flight.style) for i, v in items]
+                wire = [wire_item(i, np.asarray(v), flight.style, extras=plan.extras(i, v))
+                        for i, v in items]
                 body = one_reply(job.request_id, self.model.name, job.task.value, wire,
                                  plan.prompt_tokens, flight.style, self._replier.max_payload,
                                  job.headers, warnings, labels)
         flight.answered = True
         self._inflight.discard(flight)
         await self._publish(job, body)
+        if self._metrics is not None:
+            self._metrics.request_seconds.labels(job.task.value).observe(
+                time.monotonic() - job.received_at)
 
     async def _publish(self, job: Job, body: bytes) -> None:
         with self.stats.timed("publish"):
