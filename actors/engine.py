@@ -84,6 +84,11 @@ class EngineActor(Actor):
     def backlog(self) -> int:
         return super().backlog + len(self._inflight)
 
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens admitted and not yet computed: durable intakes pull only while this is low."""
+        return self._planner.queued_tokens
+
     async def receive(self, job: Job) -> None:
         try:
             with self.stats.timed("tokenize"):

@@ -13,6 +13,7 @@ import nats.errors
 from poolwire import __version__
 from poolwire.actors.engine import EngineActor, EngineLimits
 from poolwire.actors.discovery import Discovery
+from poolwire.actors.durable_intakes import pipeline_spec, start_intakes
 from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.model import LoadedModel
@@ -41,6 +42,7 @@ class Worker:
         self.settings = settings
         self.model = model
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
+        self.pipeline = pipeline_spec(settings, self.policy) if settings.pipeline_stream else None
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = StageStats()
         self.discovery: Discovery | None = None
@@ -50,6 +52,7 @@ class Worker:
         self.validator: ValidatorActor | None = None
         self.engine: EngineActor | None = None
         self.events: EventPublisher | None = None
+        self.intakes = []  # durable jobs and pipeline intakes (actors/durable.py), when asked for
 
     async def start(self, url: str) -> None:
         s = self.settings
@@ -77,6 +80,8 @@ class Worker:
             self.supervisor.start_actor(actor)
         self.supervisor.start_loop("engine-batches", self.engine.batch_loop,
                                    on_restart=self.engine.on_restart)
+        self.intakes = await start_intakes(self.nc, s, self.pipeline, self.validator, replier,
+                                           self.engine, self.supervisor)
         self.discovery = self._discovery(replier)
         await self.discovery.start()
         await self.nc.flush()  # subscriptions reach the server before we say we are ready
@@ -96,7 +101,8 @@ class Worker:
             return {"num_requests": requests, "num_errors": replier.errors_sent,
                     "last_error": "", "processing_time": busy_ns,
                     "average_processing_time": busy_ns // requests if requests else 0,
-                    "data": self.stats.snapshot()}
+                    "data": {**self.stats.snapshot(),
+                             **{i.name: i.counters() for i in self.intakes}}}
 
         return Discovery(self.nc, version=__version__, metadata=metadata,
                          description="poolwire: pooling models over NATS (PROTOCOL.md v1)",
@@ -106,7 +112,8 @@ class Worker:
 
     @property
     def backlog(self) -> int:
-        return sum(a.backlog for a in (self.ingest, self.validator, self.engine) if a is not None)
+        return sum(a.backlog for a in (self.ingest, self.validator, self.engine, *self.intakes)
+                   if a is not None)
 
     async def stop(self) -> None:
         """Drain: stop intake, answer everything in flight (up to drain_timeout_s), then close.
@@ -116,6 +123,8 @@ class Worker:
         timeout = self.settings.drain_timeout_s
         deadline = time.monotonic() + timeout
         try:
+            for intake in self.intakes:  # jobs not started go back to JetStream at once
+                await asyncio.wait_for(intake.stop_intake(), timeout)
             if self.ingest is not None:
                 await asyncio.wait_for(self.ingest.stop_intake(), timeout)
             if self.discovery is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliImplicitFlag, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "POOLWIRE_"
 
@@ -50,6 +50,24 @@ class WorkerSettings(BaseSettings):
         16, ge=0, description="an item joins a batch only if it adds at most this many padding tokens")
     max_queued_tokens: int = Field(262144, ge=1, description="admission bound; past it: overloaded")
     drain_timeout_s: float = Field(30.0, gt=0, description="how long a drain waits for in-flight work")
+    durable: CliImplicitFlag[bool] = Field(False, description="also take durable jobs from P.jobs.<task> (JetStream)")
+    durable_max_deliveries: int = Field(
+        5, ge=1, description="deliveries of a failing durable job or document before P.dead.<task>")
+    durable_ack_wait_s: float = Field(
+        30.0, gt=0, description="a job unacked this long (worker gone) is delivered again")
+    durable_capacity: int = Field(256, ge=1, description="durable jobs a worker holds unacked at once")
+    durable_replicas: int = Field(1, ge=1, description="replicas of the jobs and dead-letter streams it creates")
+    pipeline_stream: str | None = Field(None, description="consume this existing stream as a pipeline")
+    pipeline_input: str | None = Field(
+        None, description="pipeline input subjects <input>.> (e.g. docs.in)")
+    pipeline_output: str | None = Field(
+        None, description="results go to <output>.<rest of the input subject> (e.g. docs.embedded)")
+    pipeline_text_field: str = Field("text", description="document field holding the text (or texts)")
+    pipeline_id_field: str | None = Field(
+        None, description="document field holding its id; default: the stream sequence")
+    pipeline_task: str | None = Field(None, description="pipeline task; default: the configured task")
+    pipeline_truncate: CliImplicitFlag[bool] = Field(
+        True, description="cut documents longer than the model's maximum instead of failing them")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
