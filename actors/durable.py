@@ -398,7 +398,8 @@ class DurableJobs(JetStreamIntake):
         t = Tracked(msg, local, request_id, task_name, fmt, body.get("stream") is True,
                     deliveries, headers.get(REPLY_TO_HEADER, ""))
         return t, Incoming(reply=local, task_name=task_name, body=body, fmt=fmt,
-                           request_id=request_id, received_at=time.monotonic())
+                           request_id=request_id, received_at=time.monotonic(),
+                           solo=deliveries > 1)
 
     async def forward(self, t: Tracked, body: bytes, headers: dict | None) -> None:
         if t.context:

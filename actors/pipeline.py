@@ -118,7 +118,8 @@ class PipelineIntake(JetStreamIntake):
                            place), err
         t = Tracked(msg, local, request_id, self.spec.task, fmt, False, deliveries, place)
         return t, Incoming(reply=local, task_name=self.spec.task, body=body, fmt=fmt,
-                           request_id=request_id, received_at=time.monotonic())
+                           request_id=request_id, received_at=time.monotonic(),
+                           solo=deliveries > 1)
 
     async def _store_result(self, place: Place, frame: dict, fmt: WireFormat,
                             headers: dict | None) -> bool:

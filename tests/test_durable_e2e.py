@@ -1,0 +1,181 @@
+"""Durable jobs in one process against the session's nats-server (PROTOCOL.md "Durable mode"):
+answered on Pooling-Reply-To then acked, malformed jobs terminated, jobs kept while no worker
+runs, poison jobs dead-lettered after the stated deliveries, drain, an operator's stream."""
+
+import asyncio
+import json
+
+import msgpack
+import nats
+import pytest
+from nats.js.api import RetentionPolicy, StreamConfig
+
+import poolwire.actors.engine
+from poolwire.actors.durable import stream_name
+from poolwire.actors.model import bundled_model_dir, load_model
+from poolwire.actors.worker import Worker
+from poolwire.client import PoolingClient, PoolingServiceError
+from poolwire.settings import WorkerSettings
+
+pytestmark = [pytest.mark.timeout(120)]
+
+DURABLE = dict(durable=True, durable_ack_wait_s=1.0)
+
+
+async def stream_messages(js, stream: str) -> int:
+    return (await js.stream_info(stream)).state.messages
+
+
+async def wait_for(predicate, timeout: float = 10.0) -> None:
+    """Polls a JetStream figure (there is no event for "the server removed the message"),
+    a short pause between looks, bounded by the deadline."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_job_is_answered_on_its_reply_subject_then_acked(minilm, start_worker, nc, prefix):
+    async with start_worker(minilm, **DURABLE) as worker:
+        client = PoolingClient(nc, prefix=prefix)
+        reply = await client.submit("embed", {"input": ["hello", "world"], "request_id": "job-1"})
+        assert reply["request_id"] == "job-1" and len(reply["data"]) == 2
+        assert len(reply["data"][0]["data"]) == 384
+        # A JSON job published by hand, as any JetStream client would, gets a JSON reply.
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        js = nc.jetstream()
+        await js.publish(f"{prefix}.jobs.embed", b'{"input": "by hand"}',
+                         headers={"Pooling-Reply-To": inbox, "Nats-Msg-Id": "by-hand-1"})
+        frame = json.loads((await sub.next_msg(timeout=10)).data)
+        assert frame["request_id"] == "by-hand-1" and len(frame["data"]) == 1
+        stream = stream_name("JOBS", prefix)
+        await wait_for(lambda: _empty(js, stream, "poolwire_poolwire"))
+        stats = worker.discovery.response("STATS")["endpoints"][0]["data"]["durable"]
+        assert stats["completed"] == 2 and stats["in_progress"] == 0
+        assert stats["dead_lettered"] == 0 and stats["redelivered"] == 0
+
+
+async def _empty(js, stream: str, consumer: str) -> bool:
+    info = await js.consumer_info(stream, consumer)
+    return info.num_ack_pending == 0 and info.num_pending == 0 and \
+        await stream_messages(js, stream) == 0
+
+
+async def test_a_malformed_job_is_answered_with_its_error_and_terminated(minilm, start_worker, nc, prefix):
+    async with start_worker(minilm, **DURABLE) as worker:
+        js = nc.jetstream()
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await js.publish(f"{prefix}.jobs.embed", b"\xc1 not msgpack",
+                         headers={"Pooling-Reply-To": inbox, "Nats-Msg-Id": "bad-1"})
+        frame = msgpack.unpackb((await sub.next_msg(timeout=10)).data)
+        assert frame["request_id"] == "bad-1" and frame["error"]["code"] == "invalid_request"
+        with pytest.raises(PoolingServiceError) as info:
+            await PoolingClient(nc, prefix=prefix).submit("embed", {"input": "x", "dimensions": 0})
+        assert info.value.code == "invalid_request"
+        await wait_for(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
+        # Terminated, not left for redelivery: nothing more arrives after ack_wait.
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.next_msg(timeout=2 * DURABLE["durable_ack_wait_s"])
+        assert worker.intakes[0].redelivered == 0
+
+
+async def test_jobs_published_while_no_worker_runs_are_answered_once_one_starts(minilm, start_worker, nc, prefix):
+    async with start_worker(minilm, **DURABLE):
+        pass  # a worker ran once: the jobs stream exists; now none runs
+    js = nc.jetstream()
+    client = PoolingClient(nc, prefix=prefix)
+    jobs = [asyncio.create_task(client.submit("embed", {"input": f"kept {i}"}, timeout=60))
+            for i in range(50)]
+    await wait_for(lambda: _count_is(js, stream_name("JOBS", prefix), 50))
+    assert not any(job.done() for job in jobs)
+    async with start_worker(minilm, **DURABLE):
+        replies = await asyncio.gather(*jobs)
+    assert sorted(r["request_id"] for r in replies) == sorted({r["request_id"] for r in replies})
+    assert len(replies) == 50 and client.duplicates_dropped == 0
+
+
+async def _count_is(js, stream: str, n: int) -> bool:
+    return await stream_messages(js, stream) == n
+
+
+async def test_a_poison_job_is_dead_lettered_after_the_stated_deliveries(minilm, start_worker, nc, prefix, monkeypatch):
+    """The poison makes the forward pass raise on every delivery (patched in this in-process
+    worker, as a device fault on that input would); the jobs batched with it the first time
+    are computed alone when delivered again, and flow on."""
+    poison_ids = minilm.tokenizer("poisonous xylophone")["input_ids"]
+    real = poolwire.actors.engine.run_batch
+    poison_runs = []
+
+    def failing_on_poison(model, seqs, specs):
+        if any(list(seq.ids) == poison_ids for seq in seqs):
+            poison_runs.append(len(seqs))
+            raise RuntimeError("simulated device fault on this input")
+        return real(model, seqs, specs)
+
+    monkeypatch.setattr(poolwire.actors.engine, "run_batch", failing_on_poison)
+    async with start_worker(minilm, durable_max_deliveries=3, **DURABLE) as worker:
+        client = PoolingClient(nc, prefix=prefix)
+        results = await asyncio.gather(
+            client.submit("embed", {"input": "poisonous xylophone", "request_id": "poison-1"}),
+            *(client.submit("embed", {"input": f"good {i}"}) for i in range(20)),
+            return_exceptions=True)
+        poison, good = results[0], results[1:]
+        assert isinstance(poison, PoolingServiceError) and poison.code == "internal"
+        assert "simulated device fault" in poison.error["message"]
+        assert all(len(r["data"]) == 1 for r in good), good
+        assert len(poison_runs) == 3
+        js = nc.jetstream()
+        dead = await js.pull_subscribe(f"{prefix}.dead.embed", stream=stream_name("DEAD", prefix))
+        [msg] = await dead.fetch(1, timeout=5)
+        record = msgpack.unpackb(msg.data)
+        assert record["request_id"] == "poison-1" and record["task"] == "embed"
+        assert record["deliveries"] == 3 and record["error"]["code"] == "internal"
+        assert msgpack.unpackb(record["job"])["input"] == "poisonous xylophone"
+        assert msg.headers["Nats-Msg-Id"] == "poison-1" and "Pooling-Reply-To" in msg.headers
+        assert worker.intakes[0].counters()["dead_lettered"] == 1
+        await wait_for(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
+
+
+async def test_drain_answers_what_it_started_and_leaves_the_rest_to_another_worker(minilm, start_worker, nc, prefix):
+    """ack_wait is long here, so a job the draining worker dropped would come back only after
+    it: every job answered well before means drain lost nothing."""
+    settings = dict(durable=True, durable_ack_wait_s=60.0, durable_capacity=16)
+    client = PoolingClient(nc, prefix=prefix)
+    async with start_worker(minilm, **settings) as first:
+        answered = 0
+        first_twenty = asyncio.Event()
+
+        async def job(i):
+            nonlocal answered
+            reply = await client.submit("embed", {"input": f"drain {i}"}, timeout=30)
+            answered += 1
+            if answered == 20:
+                first_twenty.set()
+            return reply
+
+        jobs = [asyncio.create_task(job(i)) for i in range(150)]
+        await asyncio.wait_for(first_twenty.wait(), 30)
+        second = Worker(WorkerSettings(prefix=prefix, **settings), load_model(bundled_model_dir()))
+        await second.start(nc.connected_url.geturl())
+        try:
+            await first.stop()
+            replies = await asyncio.wait_for(asyncio.gather(*jobs), 25)
+        finally:
+            await second.stop()
+    assert len({r["request_id"] for r in replies}) == 150
+
+
+async def test_an_operators_jobs_stream_is_used_as_it_is(minilm, start_worker, nc, prefix):
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="OPERATORS_JOBS", subjects=[f"{prefix}.jobs.>"],
+                                     retention=RetentionPolicy.WORK_QUEUE, max_age=3600,
+                                     description="made by an operator"))
+    async with start_worker(minilm, **DURABLE):
+        reply = await PoolingClient(nc, prefix=prefix).submit("embed", {"input": "hi"})
+    assert len(reply["data"]) == 1
+    info = await js.stream_info("OPERATORS_JOBS")
+    assert info.config.description == "made by an operator" and info.config.max_age == 3600
+    names = await js.streams_info()
+    assert stream_name("JOBS", prefix) not in {s.config.name for s in names}
