@@ -12,7 +12,9 @@ import pytest
 from nats.js.api import StreamConfig
 
 from poolwire.actors.durable import stream_name
+from poolwire.actors.worker import Worker
 from poolwire.client import PoolingClient
+from poolwire.settings import WorkerSettings
 from tests.procs import NatsCluster, WorkerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
@@ -91,32 +93,36 @@ async def test_a_worker_killed_mid_stream_loses_no_job(nats_server, prefix, tmp_
 
 
 @pytest.mark.timeout(180)
-async def test_a_drained_worker_answers_what_it_started_and_leaves_the_rest(nats_server, prefix, tmp_path):
-    """ack_wait is a minute here: a job the draining worker dropped would come back only after
-    it, so every job answered well within the minute means drain lost nothing."""
+async def test_a_drained_worker_answers_what_it_started_and_leaves_the_rest(minilm, start_worker, nats_server, prefix, tmp_path):
+    """The drained worker runs in this process, the other is a subprocess. ack_wait is a minute
+    here: a job the draining worker dropped would come back only after it, so every job
+    answered well within the minute means drain lost nothing."""
     jobs = 200
-    options = ("--durable", "--durable-ack-wait-s", "60", "--durable-capacity", "32")
-    first, second = (WorkerProcess(nats_server.url, prefix, *options, log_dir=tmp_path)
-                     for _ in range(2))
-    await asyncio.gather(first.start(), second.start())
+    settings = dict(durable=True, durable_ack_wait_s=60.0, durable_capacity=32)
+    other = WorkerProcess(nats_server.url, prefix, "--durable", "--durable-ack-wait-s", "60",
+                          "--durable-capacity", "32", log_dir=tmp_path)
+    other_started = asyncio.create_task(other.start())
     nc = await nats.connect(nats_server.url)
     try:
-        client = PoolingClient(nc, prefix=prefix, timeout=120)
-        load = Load(client, mark=40, tag="drain")
-        load.submit(0, jobs)
-        await asyncio.wait_for(load.reached.wait(), 90)
-        first.terminate()
-        drained = time.monotonic()
-        assert await first.wait(60) == 0
-        ids, errors = await load.results(45)
+        async with start_worker(minilm, **settings) as first:
+            await other_started
+            client = PoolingClient(nc, prefix=prefix, timeout=120)
+            load = Load(client, mark=40, tag="drain")
+            load.submit(0, jobs)
+            await asyncio.wait_for(load.reached.wait(), 90)
+            drained = time.monotonic()
+            await first.stop()
+            drain_s = time.monotonic() - drained
+            ids, errors = await load.results(45)
         report("drain", jobs=jobs, answered=len(ids), lost=jobs - len(ids),
-               duplicates_before_dedup=client.duplicates_dropped,
-               all_answered_s_after_sigterm=round(time.monotonic() - drained, 2))
+               duplicates_before_dedup=client.duplicates_dropped, drain_s=round(drain_s, 2),
+               all_answered_s_after_drain_began=round(time.monotonic() - drained, 2))
         assert not errors, errors[:3]
         assert sorted(ids) == sorted(f"drain-{i}" for i in range(jobs))
     finally:
         await nc.close()
-        await asyncio.gather(first.close(), second.close())
+        other_started.cancel()
+        await other.close()
 
 
 async def wait_for_jetstream(js, timeout: float = 20.0) -> None:
@@ -151,7 +157,7 @@ async def leader_off(nc, js, stream: str, avoid: str, timeout: float = 20.0) -> 
 
 
 @pytest.mark.timeout(240)
-async def test_a_cluster_node_killed_under_load_loses_no_job(prefix, tmp_path):
+async def test_a_cluster_node_killed_under_load_loses_no_job(minilm, prefix, tmp_path):
     jobs_before, jobs_during = 200, 100
     with NatsCluster() as cluster:
         urls = cluster.urls
@@ -160,11 +166,14 @@ async def test_a_cluster_node_killed_under_load_loses_no_job(prefix, tmp_path):
                                 max_reconnect_attempts=-1)
         js = nc.jetstream()
         await wait_for_jetstream(js)
+        # One worker in this process on A, one subprocess on B (a subprocess costs a start).
         options = ("--durable", "--durable-replicas", "3", "--durable-ack-wait-s", "2")
-        workers = [WorkerProcess(urls[node], prefix, *options, log_dir=tmp_path)
-                   for node in ("A", "B")]
+        other = WorkerProcess(urls["B"], prefix, *options, log_dir=tmp_path)
+        here = Worker(WorkerSettings(prefix=prefix, durable=True, durable_replicas=3,
+                                     durable_ack_wait_s=2.0), minilm)
         try:
-            await asyncio.gather(*(w.start() for w in workers))
+            await here.start(urls["A"])
+            await other.start()
             stream = stream_name("JOBS", prefix)
             victim = await leader_off(nc, js, stream, avoid="C")
             client = PoolingClient(nc, prefix=prefix, timeout=150)
@@ -191,4 +200,5 @@ async def test_a_cluster_node_killed_under_load_loses_no_job(prefix, tmp_path):
             assert new_leader != victim
         finally:
             await nc.close()
-            await asyncio.gather(*(w.close() for w in workers))
+            await other.close()
+            await here.stop()

@@ -1,6 +1,6 @@
 """Durable jobs in one process against the session's nats-server (PROTOCOL.md "Durable mode"):
 answered on Pooling-Reply-To then acked, malformed jobs terminated, jobs kept while no worker
-runs, poison jobs dead-lettered after the stated deliveries, drain, an operator's stream."""
+runs, poison jobs dead-lettered after the stated deliveries, an operator's stream."""
 
 import asyncio
 import json
@@ -12,10 +12,7 @@ from nats.js.api import RetentionPolicy, StreamConfig
 
 import poolwire.actors.engine
 from poolwire.actors.durable import stream_name
-from poolwire.actors.model import bundled_model_dir, load_model
-from poolwire.actors.worker import Worker
 from poolwire.client import PoolingClient, PoolingServiceError
-from poolwire.settings import WorkerSettings
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -136,35 +133,6 @@ async def test_a_poison_job_is_dead_lettered_after_the_stated_deliveries(minilm,
         assert msg.headers["Nats-Msg-Id"] == "poison-1" and "Pooling-Reply-To" in msg.headers
         assert worker.intakes[0].counters()["dead_lettered"] == 1
         await wait_for(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
-
-
-async def test_drain_answers_what_it_started_and_leaves_the_rest_to_another_worker(minilm, start_worker, nc, prefix):
-    """ack_wait is long here, so a job the draining worker dropped would come back only after
-    it: every job answered well before means drain lost nothing."""
-    settings = dict(durable=True, durable_ack_wait_s=60.0, durable_capacity=16)
-    client = PoolingClient(nc, prefix=prefix)
-    async with start_worker(minilm, **settings) as first:
-        answered = 0
-        first_twenty = asyncio.Event()
-
-        async def job(i):
-            nonlocal answered
-            reply = await client.submit("embed", {"input": f"drain {i}"}, timeout=30)
-            answered += 1
-            if answered == 20:
-                first_twenty.set()
-            return reply
-
-        jobs = [asyncio.create_task(job(i)) for i in range(150)]
-        await asyncio.wait_for(first_twenty.wait(), 30)
-        second = Worker(WorkerSettings(prefix=prefix, **settings), load_model(bundled_model_dir()))
-        await second.start(nc.connected_url.geturl())
-        try:
-            await first.stop()
-            replies = await asyncio.wait_for(asyncio.gather(*jobs), 25)
-        finally:
-            await second.stop()
-    assert len({r["request_id"] for r in replies}) == 150
 
 
 async def test_an_operators_jobs_stream_is_used_as_it_is(minilm, start_worker, nc, prefix):
