@@ -20,7 +20,7 @@ import msgpack
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from poolwire.actors.durable_policy import Outcome, exhausted, on_error, pull_size, retry_delay
+from poolwire.actors.durable_policy import Outcome, compute_alone, exhausted, on_error, pull_size, retry_delay
 from poolwire.actors.framing import error_frame
 from poolwire.actors.ingest import new_request_id
 from poolwire.actors.messages import Incoming
@@ -128,6 +128,7 @@ class JetStreamIntake(Actor):
         self.replicas = replicas
         self._psub = None
         self._flights: dict[str, Tracked] = {}
+        self._by_seq: dict[int, str] = {}  # stream sequence -> its flight's local subject
         self._ids = itertools.count()
         self._room = asyncio.Event()   # set when a flight settles: there may be room to pull
         self._stopping = False
@@ -229,6 +230,12 @@ class JetStreamIntake(Actor):
         if self._stopping:  # not started: left to another worker at once
             await self._settle(msg.nak())
             return
+        running = self._flights.get(self._by_seq.get(meta.sequence.stream, ""))
+        if running is not None:
+            # Delivered again while this worker still computes it (its in-progress acks came
+            # late, e.g. a stalled event loop): settle the newest delivery, compute it once.
+            running.msg, running.deliveries = msg, deliveries
+            return
         local = f"_POOLWIRE.{self.name}.{next(self._ids)}"
         tracked, request = self.parse(msg, local, deliveries)
         if isinstance(request, PoolingError):
@@ -242,6 +249,7 @@ class JetStreamIntake(Actor):
                 f"{dead_subject(self.prefix, tracked.task_name)}"), None)
             return
         self._flights[local] = tracked
+        self._by_seq[meta.sequence.stream] = local
         self._replier.route(local, self)
         try:
             self._validator.tell(request)
@@ -299,6 +307,9 @@ class JetStreamIntake(Actor):
 
     def _finish(self, t: Tracked) -> None:
         self._flights.pop(t.local, None)
+        seq = t.msg.metadata.sequence.stream
+        if self._by_seq.get(seq) == t.local:
+            del self._by_seq[seq]
         self._replier.unroute(t.local)
         self._room.set()
 
@@ -399,7 +410,7 @@ class DurableJobs(JetStreamIntake):
                     deliveries, headers.get(REPLY_TO_HEADER, ""))
         return t, Incoming(reply=local, task_name=task_name, body=body, fmt=fmt,
                            request_id=request_id, received_at=time.monotonic(),
-                           solo=deliveries > 1)
+                           solo=compute_alone(deliveries, self.limits.max_deliveries))
 
     async def forward(self, t: Tracked, body: bytes, headers: dict | None) -> None:
         if t.context:

@@ -31,6 +31,14 @@ def exhausted(deliveries: int, max_deliveries: int) -> bool:
     return deliveries > max_deliveries
 
 
+def compute_alone(deliveries: int, max_deliveries: int) -> bool:
+    """Whether a delivery runs in a batch of its own, where it can fail only itself. The first
+    redelivery is batched as usual: it is most often a job whose worker died, and after a worker
+    death hundreds come back at once. From the third delivery on, and always on the last one,
+    it runs alone, so a job batched with a poison job is never dead-lettered for it."""
+    return deliveries > 1 and (deliveries >= 3 or deliveries >= max_deliveries)
+
+
 def retry_delay(deliveries: int, base_s: float, rng: random.Random = random._inst) -> float:
     """Seconds before a failed job is delivered again: growing with each delivery, and jittered
     so that a poison job and the jobs that shared its failed batch come back at different times

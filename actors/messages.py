@@ -19,8 +19,8 @@ class Incoming:
     fmt: WireFormat
     request_id: str
     received_at: float = field(default_factory=time.monotonic)  # when NATS handed it over
-    # Computed in a batch of its own: a durable job delivered again (it failed, or outlived a
-    # worker) can then fail only itself, never the jobs it would have been batched with.
+    # Computed in a batch of its own, where it can fail only itself: a durable job delivered
+    # again after failing (durable_policy.compute_alone).
     solo: bool = False
 
 

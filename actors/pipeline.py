@@ -11,6 +11,7 @@ from nats.js.errors import NotFoundError
 
 from poolwire.actors.durable import (PUBLISH_TIMEOUT_S, JetStreamIntake, Tracked, consumer_name,
                                      ensure_dead_stream)
+from poolwire.actors.durable_policy import compute_alone
 from poolwire.actors.framing import error_frame
 from poolwire.actors.messages import Incoming
 from poolwire.schemas.codec import WireFormat, decode, encode, sniff_format
@@ -119,7 +120,7 @@ class PipelineIntake(JetStreamIntake):
         t = Tracked(msg, local, request_id, self.spec.task, fmt, False, deliveries, place)
         return t, Incoming(reply=local, task_name=self.spec.task, body=body, fmt=fmt,
                            request_id=request_id, received_at=time.monotonic(),
-                           solo=deliveries > 1)
+                           solo=compute_alone(deliveries, self.limits.max_deliveries))
 
     async def _store_result(self, place: Place, frame: dict, fmt: WireFormat,
                             headers: dict | None) -> bool:

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from poolwire.actors.durable_policy import Outcome, exhausted, on_error, pull_size, retry_delay
+from poolwire.actors.durable_policy import Outcome, compute_alone, exhausted, on_error, pull_size, retry_delay
 from poolwire.actors.pipeline import PipelineSpec, output_subject, request_for
 from poolwire.schemas.errors import ErrorCode, PoolingError
 
@@ -63,3 +63,8 @@ def test_a_document_becomes_a_request_and_a_missing_field_is_named():
     assert info.value.code is ErrorCode.INVALID_REQUEST
     with pytest.raises(PoolingError, match="list"):
         request_for(["hi"], spec, "DOCS:9")
+
+
+def test_later_deliveries_and_the_last_one_are_computed_alone():
+    assert [compute_alone(d, 5) for d in (1, 2, 3, 5)] == [False, False, True, True]
+    assert [compute_alone(d, 2) for d in (1, 2)] == [False, True]
