@@ -1,4 +1,4 @@
-"""The `poolwire` command: serve, embed, classify, score, events."""
+"""The `poolwire` command: serve, embed, classify, score, submit, events."""
 
 import argparse
 import asyncio
@@ -50,6 +50,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
     p = _client_parser(sub, "score", "score text_1 against each text_2 and print JSON")
     p.add_argument("text_1")
     p.add_argument("text_2", nargs="+")
+    p = _client_parser(sub, "submit", "submit a durable job through JetStream (kept until a "
+                                      "--durable worker answers it) and print the reply as JSON")
+    p.add_argument("task", help="embed, classify, token_embed, token_classify")
+    p.add_argument("texts", nargs="+")
     p = sub.add_parser("bench", add_help=False,
                        help="in-process Sentence-Transformers vs a poolwire worker over NATS "
                             "(options: poolwire bench --help)")
@@ -108,11 +112,13 @@ async def serve(settings: WorkerSettings) -> int:
 
 
 async def client_command(args) -> int:
-    from poolwire.client import PoolingClient, PoolingServiceError
+    from poolwire.client import JobNotStoredError, PoolingClient, PoolingServiceError
 
     async with PoolingClient(args.nats_url, prefix=args.prefix, timeout=args.timeout) as client:
         try:
-            if args.command == "embed":
+            if args.command == "submit":
+                reply = await client.submit(args.task, {"input": args.texts})
+            elif args.command == "embed":
                 reply = await client.embed(args.texts, dimensions=args.dimensions)
             elif args.command == "classify":
                 reply = await client.classify(args.texts)
@@ -120,6 +126,9 @@ async def client_command(args) -> int:
                 reply = await client.score(args.text_1, args.text_2)
         except PoolingServiceError as exc:
             print(json.dumps({"request_id": exc.request_id, "error": exc.error}), file=sys.stderr)
+            return 1
+        except JobNotStoredError as exc:
+            print(f"poolwire: {exc}", file=sys.stderr)
             return 1
     print(json.dumps(reply))
     return 0

@@ -4,6 +4,8 @@ runs, poison jobs dead-lettered after the stated deliveries, an operator's strea
 
 import asyncio
 import json
+import subprocess
+import sys
 
 import msgpack
 import nats
@@ -147,3 +149,14 @@ async def test_an_operators_jobs_stream_is_used_as_it_is(minilm, start_worker, n
     assert info.config.description == "made by an operator" and info.config.max_age == 3600
     names = await js.streams_info()
     assert stream_name("JOBS", prefix) not in {s.config.name for s in names}
+
+
+async def test_the_submit_command_prints_the_reply_as_json(minilm, start_worker, nats_server, prefix):
+    async with start_worker(minilm, **DURABLE):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "poolwire", "submit", "embed", "hello", "world",
+            "--nats-url", nats_server.url, "--prefix", prefix,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert len(json.loads(out)["data"]) == 2

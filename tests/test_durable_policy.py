@@ -6,7 +6,11 @@ import random
 import pytest
 
 from poolwire.actors.durable_policy import Outcome, compute_alone, exhausted, on_error, pull_size, retry_delay
+from poolwire.actors.durable_intakes import pipeline_spec
 from poolwire.actors.pipeline import PipelineSpec, output_subject, request_for
+from poolwire.actors.task_policy import TaskPolicy
+from poolwire.schemas.tasks import Task
+from poolwire.settings import WorkerSettings
 from poolwire.schemas.errors import ErrorCode, PoolingError
 
 
@@ -68,3 +72,19 @@ def test_a_document_becomes_a_request_and_a_missing_field_is_named():
 def test_later_deliveries_and_the_last_one_are_computed_alone():
     assert [compute_alone(d, 5) for d in (1, 2, 3, 5)] == [False, False, True, True]
     assert [compute_alone(d, 2) for d in (1, 2)] == [False, True]
+
+
+def test_pipeline_settings_are_checked_before_a_worker_connects():
+    policy = TaskPolicy(configured=Task.EMBED, supported=(Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
+                        multitask="warn", score_with_configured=True)
+    spec = pipeline_spec(WorkerSettings(pipeline_stream="DOCS", pipeline_input="docs.in",
+                                        pipeline_output="docs.embedded"), policy)
+    assert (spec.task, spec.input, spec.output, spec.id_field) == ("embed", "docs.in", "docs.embedded", None)
+    with pytest.raises(ValueError, match="--pipeline-output"):
+        pipeline_spec(WorkerSettings(pipeline_stream="DOCS", pipeline_input="docs.in"), policy)
+    with pytest.raises(ValueError, match="equals"):
+        pipeline_spec(WorkerSettings(pipeline_stream="DOCS", pipeline_input="a.b",
+                                     pipeline_output="a.b"), policy)
+    with pytest.raises(ValueError, match="classify.*supported tasks: embed"):
+        pipeline_spec(WorkerSettings(pipeline_stream="DOCS", pipeline_input="a", pipeline_output="b",
+                                     pipeline_task="classify"), policy)
