@@ -68,6 +68,11 @@ class WorkerSettings(BaseSettings):
     pipeline_task: str | None = Field(None, description="pipeline task; default: the configured task")
     pipeline_truncate: CliImplicitFlag[bool] = Field(
         True, description="cut documents longer than the model's maximum instead of failing them")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port); none: off")
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the metrics server binds (0.0.0.0 in a container)")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
