@@ -64,11 +64,13 @@ async def ensure_stream(js, captures: str, config: StreamConfig) -> str:
         return existing
     try:
         await js.add_stream(config)
-    except Exception:
+    except Exception as exc:
         try:
             return await js.find_stream_name_by_subject(captures)
         except NotFoundError:
-            raise
+            raise RuntimeError(f"could not create stream {config.name} for {captures} ({exc}); "
+                               f"check the server's JetStream limits, or create a stream that "
+                               f"captures {captures} yourself") from exc
     log.info("created stream %s for %s", config.name, captures)
     return config.name
 

@@ -1,15 +1,11 @@
 """Starting the JetStream intakes a worker's settings ask for: durable jobs (`--durable`) and a
 pipeline (`--pipeline-stream`). Kept apart from worker.py so the worker only wires them in."""
 
-import logging
-
 from poolwire.actors.durable import DurableJobs, IntakeLimits, JetStreamIntake
 from poolwire.actors.pipeline import PipelineIntake, PipelineSpec
 from poolwire.actors.task_policy import TaskPolicy
 from poolwire.schemas.tasks import parse_task
 from poolwire.settings import WorkerSettings
-
-log = logging.getLogger(__name__)
 
 
 def pipeline_spec(settings: WorkerSettings, policy: TaskPolicy) -> PipelineSpec:

@@ -99,6 +99,7 @@ async def _count_is(js, stream: str, n: int) -> bool:
     return await stream_messages(js, stream) == n
 
 
+@pytest.mark.chaos
 async def test_a_poison_job_is_dead_lettered_after_the_stated_deliveries(minilm, start_worker, nc, prefix, monkeypatch):
     """The poison makes the forward pass raise on every delivery (patched in this in-process
     worker, as a device fault on that input would); the jobs batched with it the first time
