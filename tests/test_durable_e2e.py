@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import msgpack
 import nats
@@ -89,8 +90,12 @@ async def test_jobs_published_while_no_worker_runs_are_answered_once_one_starts(
             for i in range(50)]
     await wait_for(lambda: _count_is(js, stream_name("JOBS", prefix), 50))
     assert not any(job.done() for job in jobs)
+    started = time.monotonic()
     async with start_worker(minilm, **DURABLE):
         replies = await asyncio.gather(*jobs)
+        print(json.dumps({"test": "no_worker_running", "jobs": 50, "answered": len(replies),
+                          "duplicates_before_dedup": client.duplicates_dropped,
+                          "all_answered_s_after_start": round(time.monotonic() - started, 2)}))
     assert sorted(r["request_id"] for r in replies) == sorted({r["request_id"] for r in replies})
     assert len(replies) == 50 and client.duplicates_dropped == 0
 
@@ -117,11 +122,16 @@ async def test_a_poison_job_is_dead_lettered_after_the_stated_deliveries(minilm,
     monkeypatch.setattr(poolwire.actors.engine, "run_batch", failing_on_poison)
     async with start_worker(minilm, durable_max_deliveries=3, **DURABLE) as worker:
         client = PoolingClient(nc, prefix=prefix)
+        started = time.monotonic()
         results = await asyncio.gather(
             client.submit("embed", {"input": "poisonous xylophone", "request_id": "poison-1"}),
             *(client.submit("embed", {"input": f"good {i}"}) for i in range(20)),
             return_exceptions=True)
         poison, good = results[0], results[1:]
+        print(json.dumps({"test": "poison", "jobs": 21, "dead_lettered": worker.intakes[0].dead_lettered,
+                          "poison_forward_runs": len(poison_runs),
+                          "others_answered": sum(isinstance(r, dict) for r in good),
+                          "all_settled_s": round(time.monotonic() - started, 2)}))
         assert isinstance(poison, PoolingServiceError) and poison.code == "internal"
         assert "simulated device fault" in poison.error["message"]
         assert all(len(r["data"]) == 1 for r in good), good
