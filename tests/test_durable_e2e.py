@@ -171,3 +171,56 @@ async def test_the_submit_command_prints_the_reply_as_json(minilm, start_worker,
         out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert len(json.loads(out)["data"]) == 2
+
+
+async def test_work_longer_than_ack_wait_is_kept_by_in_progress_acks(minilm, start_worker, nc, prefix, monkeypatch):
+    """The forward pass takes 2.5 ack_waits here (a slow model): without in-progress acks the
+    job would be delivered again and answered twice."""
+    real = poolwire.actors.engine.run_batch
+
+    def slow(model, seqs, specs):
+        time.sleep(2.5 * DURABLE["durable_ack_wait_s"])  # the forward thread, not the test, waits
+        return real(model, seqs, specs)
+
+    monkeypatch.setattr(poolwire.actors.engine, "run_batch", slow)
+    async with start_worker(minilm, **DURABLE) as worker:
+        client = PoolingClient(nc, prefix=prefix)
+        reply = await client.submit("embed", {"input": "slow work"})
+        assert len(reply["data"]) == 1
+        assert worker.intakes[0].redelivered == 0 and client.duplicates_dropped == 0
+        # The same Nats-Msg-Id again is not stored again (the jobs stream de-duplicates).
+        ack = await nc.jetstream().publish(f"{prefix}.jobs.embed", b'{"input": "x"}',
+                                           headers={"Nats-Msg-Id": reply["request_id"]})
+        assert ack.duplicate
+
+
+async def test_a_pipeline_answers_msgpack_documents_and_names_a_missing_field(minilm, start_worker, nc, prefix):
+    js = nc.jetstream()
+    root = prefix.replace(".", "_")
+    await js.add_stream(StreamConfig(name=f"{root}_DOCS", subjects=[f"{root}.in.>"]))
+    await js.add_stream(StreamConfig(name=f"{root}_OUT", subjects=[f"{root}.out.>"]))
+    results = await nc.subscribe(f"{root}.out.>")
+    await js.publish(f"{root}.in.a", msgpack.packb({"body": ["one", "two"], "key": 7}))
+    await js.publish(f"{root}.in.b", msgpack.packb({"text": "no body field", "key": 8}))
+    async with start_worker(minilm, pipeline_stream=f"{root}_DOCS", pipeline_input=f"{root}.in",
+                            pipeline_output=f"{root}.out", pipeline_text_field="body",
+                            pipeline_id_field="key", **DURABLE):
+        got = {}
+        for _ in range(2):
+            msg = await results.next_msg(timeout=20)
+            got[msg.subject] = (msgpack.unpackb(msg.data), msg.headers)
+    good, good_headers = got[f"{root}.out.a"]
+    assert good["doc_id"] == 7 and len(good["data"]) == 2 and good["request_id"] == f"{root}_DOCS:1"
+    assert good_headers["Pooling-Source-Stream"] == f"{root}_DOCS"
+    assert good_headers["Pooling-Source-Seq"] == "1" and good_headers["Nats-Msg-Id"] == f"{root}_DOCS:1"
+    bad, bad_headers = got[f"{root}.out.b"]
+    assert bad["doc_id"] == 8 and bad["error"]["code"] == "invalid_request"
+    assert "'body'" in bad["error"]["message"] and bad_headers["Nats-Service-Error-Code"] == "400"
+    assert (await js.stream_info(f"{root}_OUT")).state.messages == 2
+
+
+    async def acked() -> bool:  # the ack follows the stored result
+        info = await js.consumer_info(f"{root}_DOCS", f"poolwire_pipeline_{root}_DOCS_poolwire")
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(acked)
