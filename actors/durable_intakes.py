@@ -42,7 +42,14 @@ async def start_intakes(nc, settings: WorkerSettings, pipeline: PipelineSpec | N
     if pipeline is not None:
         intakes.append(PipelineIntake(spec=pipeline, **common))
     for intake in intakes:
-        await intake.bind()
+        try:
+            await intake.bind()
+        except RuntimeError:
+            raise
+        except Exception as exc:  # e.g. the server runs without JetStream
+            raise RuntimeError(f"{intake.name}: could not bind to JetStream ({exc!r}); durable "
+                               f"jobs and pipelines need a NATS server with JetStream "
+                               f"(nats-server -js)") from exc
         supervisor.start_actor(intake)
         supervisor.start_loop(f"{intake.name}-pull", intake.pull_loop)
         supervisor.start_loop(f"{intake.name}-progress", intake.progress_loop)

@@ -113,7 +113,11 @@ async def serve(settings: WorkerSettings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await worker.start(url)
+        try:
+            await worker.start(url)
+        except RuntimeError as exc:  # e.g. --durable without JetStream, a missing pipeline stream
+            print(f"poolwire: {exc}", file=sys.stderr)
+            return 2
         policy = worker.policy
         print(f"poolwire: serving {model.name} on {url}: subjects {settings.prefix}.<task>, "
               f"queue group {settings.queue}\n"

@@ -15,7 +15,9 @@ from nats.js.api import RetentionPolicy, StreamConfig
 
 import poolwire.actors.engine
 from poolwire.actors.durable import stream_name
+from poolwire.actors.worker import Worker
 from poolwire.client import PoolingClient, PoolingServiceError
+from poolwire.settings import WorkerSettings
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -224,3 +226,13 @@ async def test_a_pipeline_answers_msgpack_documents_and_names_a_missing_field(mi
         return info.num_ack_pending == 0 and info.num_pending == 0
 
     await wait_for(acked)
+
+
+async def test_a_missing_pipeline_stream_is_named_at_start(minilm, nats_server, prefix):
+    worker = Worker(WorkerSettings(prefix=prefix, pipeline_stream="NO_SUCH_STREAM",
+                                   pipeline_input="nothing.in", pipeline_output="nothing.out"), minilm)
+    try:
+        with pytest.raises(RuntimeError, match="pipeline stream 'NO_SUCH_STREAM' does not exist"):
+            await worker.start(nats_server.url)
+    finally:
+        await worker.stop()
