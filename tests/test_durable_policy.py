@@ -88,3 +88,22 @@ def test_pipeline_settings_are_checked_before_a_worker_connects():
     with pytest.raises(ValueError, match="classify.*supported tasks: embed"):
         pipeline_spec(WorkerSettings(pipeline_stream="DOCS", pipeline_input="a", pipeline_output="b",
                                      pipeline_task="classify"), policy)
+
+
+def test_stats_show_each_workers_durable_intakes_as_a_table():
+    from poolwire.operators import INTAKE_COLUMNS, format_table, intake_rows
+
+    counters = {"pending": 12, "in_progress": 3, "redelivered": 256, "dead_lettered": 1,
+                "retried": 2, "completed": 700}
+    answers = [{"id": "x", "metadata": {"worker": "w2", "prefix": "a"},
+                "endpoints": [{"data": {"batches": 1, "durable": counters, "pipeline": counters}}]},
+               {"id": "y", "metadata": {"worker": "w1", "prefix": "a"},
+                "endpoints": [{"data": {"batches": 1}}]},
+               {"id": "z", "metadata": {"worker": "w3", "prefix": "b"},
+                "endpoints": [{"data": {"durable": counters}}]}]
+    rows = intake_rows(answers, "a")
+    assert rows == [("w2", "durable", "12", "3", "256", "1", "700"),
+                    ("w2", "pipeline", "12", "3", "256", "1", "700")]
+    table = format_table(INTAKE_COLUMNS, rows).splitlines()
+    assert "jobs pending" in table[0] and "dead-lettered" in table[0] and len(table) == 3
+    assert len(intake_rows(answers)) == 3
