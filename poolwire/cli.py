@@ -14,25 +14,77 @@ import msgpack
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
+from poolwire.actors.health import HEALTH_FILE_NAME
+from poolwire.nats_connect import NatsConnectError, NatsOptions, close_quietly, connect, redact_url
 from poolwire.settings import ENV_PREFIX, WorkerSettings
 
 log = logging.getLogger("poolwire")
+
+# Exit codes of `poolwire serve` (and, where they apply, of the client commands).
+EXIT_CONFIG = 2             # a bad option, model folder or task
+EXIT_NATS_UNAVAILABLE = 3   # NATS unreachable within the connect timeout, or credentials refused
+EXIT_DEAF = 4               # the worker stopped receiving and could not recover: replace it
+EXIT_NO_RESPONDERS = 4      # client commands: no worker serves the subject
+EXIT_TIMEOUT = 5            # client commands: no reply within --timeout
 
 
 def _serve_parser(sub) -> CliSettingsSource:
     """`serve` takes one option per WorkerSettings field, derived by pydantic-settings."""
     p = sub.add_parser("serve", help="run a worker (embedded NATS and bundled model by default)",
                        description="Every option is also an environment variable "
-                                   f"{ENV_PREFIX}<NAME> (and NATS_URL for --nats-url).")
+                                   f"{ENV_PREFIX}<NAME> (and NATS_URL, NATS_CREDS, NATS_NKEY, "
+                                   "NATS_USER, NATS_PASSWORD, NATS_TOKEN, NATS_CA, NATS_CERT, "
+                                   "NATS_KEY for the --nats-* options of the same names).",
+                       epilog=SERVE_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     return CliSettingsSource(WorkerSettings, root_parser=p)
 
 
+SERVE_EXIT_CODES = f"""exit codes:
+  0  stopped by Ctrl-C or SIGTERM after draining (also while NATS was down)
+  {EXIT_CONFIG}  a bad option, model folder or task (one line on stderr)
+  {EXIT_NATS_UNAVAILABLE}  NATS not reachable within --nats-connect-timeout-s, or credentials/TLS refused
+  {EXIT_DEAF}  the worker stopped receiving and reconnecting did not help: replace it"""
+
+CLIENT_EXIT_CODES = """exit codes:
+  0  the reply was printed
+  1  the worker answered with an error (printed as JSON on stderr)
+  3  NATS could not be reached or refused the credentials (one line on stderr)
+  4  no worker serves this subject (no responders)
+  5  no reply within --timeout"""
+
+CLIENT_CONNECTION_OPTIONS = (
+    # (option, environment variable, help)
+    ("--nats-url", "NATS_URL", "NATS server, or every URL of a cluster comma-separated"),
+    ("--nats-creds", "NATS_CREDS", "credentials file (user JWT and NKey seed)"),
+    ("--nats-nkey", "NATS_NKEY", "NKey seed file"),
+    ("--nats-user", "NATS_USER", "user"),
+    ("--nats-password", "NATS_PASSWORD", "password (prefer the variable: options show in ps)"),
+    ("--nats-token", "NATS_TOKEN", "token"),
+    ("--nats-ca", "NATS_CA", "CA certificate that signed the server's"),
+    ("--nats-cert", "NATS_CERT", "TLS client certificate"),
+    ("--nats-key", "NATS_KEY", "TLS client key"),
+    ("--nats-inbox-prefix", "POOLWIRE_NATS_INBOX_PREFIX",
+     "prefix of this client's reply subjects (default _INBOX)"),
+)
+
+
 def _client_parser(sub, name: str, help: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help)
-    p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+    p = sub.add_parser(name, help=help, epilog=CLIENT_EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    for option, env, text in CLIENT_CONNECTION_OPTIONS:
+        default = os.environ.get(env) or ("nats://127.0.0.1:4222" if env == "NATS_URL" else None)
+        p.add_argument(option, default=default, help=f"{text} (also {env})")
+    p.add_argument("--connect-timeout", type=float, default=5.0,
+                   help="give up (exit 3) when NATS does not accept the connection in this many s")
     p.add_argument("--prefix", default=os.environ.get("POOLWIRE_PREFIX", "pooling"))
-    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply")
     return p
+
+
+def _client_connect_options(args) -> dict:
+    names = ("creds", "nkey", "user", "password", "token", "ca", "cert", "key", "inbox_prefix")
+    return {n: getattr(args, "nats_" + n) for n in names} | {
+        "connect_timeout_s": args.connect_timeout}
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
@@ -55,6 +107,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
                             "(options: poolwire bench --help)")
     p = _client_parser(sub, "events", "print deprecation events as JSON lines")
     p.add_argument("--count", type=int, default=0, help="stop after this many (0: run until Ctrl-C)")
+    p = sub.add_parser("health", help="is the worker of this state dir healthy? exit 0 or 1, one line",
+                       description="Reads the heartbeat the worker's self-check writes (every "
+                                   "--probe-interval-s) to <state-dir>/health.json; for a docker "
+                                   "compose healthcheck inside the worker's container.")
+    p.add_argument("--state-dir", type=Path,
+                   default=Path(os.environ.get(f"{ENV_PREFIX}STATE_DIR", ".poolwire")))
+    p.add_argument("--health-file", type=Path, default=os.environ.get(f"{ENV_PREFIX}HEALTH_FILE"),
+                   help="the worker's --health-file, when it was given one")
     return parser, serve_options
 
 
@@ -73,6 +133,7 @@ async def serve(settings: WorkerSettings) -> int:
         return 2
     server = None
     url = settings.nats_url
+    health_file = settings.health_file or settings.state_dir / HEALTH_FILE_NAME
     if url is None:
         server = NatsServer(store_dir=settings.state_dir / "nats", port=settings.nats_port)
         try:
@@ -87,48 +148,88 @@ async def serve(settings: WorkerSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # Ctrl-C and SIGTERM stop the worker in every state, connecting included: the start races
+    # the signal instead of blocking it.
+    starting = asyncio.ensure_future(worker.start(url, health_file))
+    signalled = asyncio.ensure_future(stop.wait())
+    code, drain_timeout = 0, None
     try:
-        await worker.start(url)
+        await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            print("poolwire: stopped before the NATS connection was made", flush=True)
+            return 0
+        try:
+            starting.result()
+        except NatsConnectError as exc:
+            print(f"poolwire: {exc}", file=sys.stderr, flush=True)
+            return EXIT_NATS_UNAVAILABLE
         policy = worker.policy
-        print(f"poolwire: serving {model.name} on {url}: subjects {settings.prefix}.<task>, "
-              f"queue group {settings.queue}\n"
+        print(f"poolwire: serving {model.name} on {redact_url(url)}: subjects "
+              f"{settings.prefix}.<task>, queue group {settings.queue}\n"
               f"poolwire: configured task {policy.configured}; supported tasks "
               f"{', '.join(t.value for t in policy.supported)}; multitask {policy.multitask}\n"
               f"poolwire: try  poolwire embed \"hello world\"   or   "
               f"nats req {settings.prefix}.{policy.configured} '{{\"input\": \"hello\"}}'\n"
+              f"poolwire: health  poolwire health --health-file {health_file}\n"
               f"poolwire: Ctrl-C drains in-flight requests and stops", flush=True)
-        await stop.wait()
-        print("poolwire: draining...", flush=True)
+        await asyncio.wait({signalled, worker.failed}, return_when=asyncio.FIRST_COMPLETED)
+        if worker.failed.done() and not stop.is_set():
+            print(f"poolwire: {worker.failed.result()}; exiting {EXIT_DEAF} so that a "
+                  f"supervisor replaces this worker", file=sys.stderr, flush=True)
+            # Replies cannot get out of a deaf connection: a short drain, then go.
+            code, drain_timeout = EXIT_DEAF, min(2.0, settings.drain_timeout_s)
+        else:
+            print("poolwire: draining...", flush=True)
     finally:
-        await worker.stop()
+        signalled.cancel()
+        await worker.stop(drain_timeout)
         if server is not None:
             server.stop()
     print("poolwire: stopped", flush=True)
-    return 0
+    return code
 
 
 async def client_command(args) -> int:
+    import nats.errors
+
     from poolwire.client import PoolingClient, PoolingServiceError
 
-    async with PoolingClient(args.nats_url, prefix=args.prefix, timeout=args.timeout) as client:
-        try:
+    subject = f"{args.prefix}.{args.command}"
+    try:
+        async with PoolingClient(args.nats_url, prefix=args.prefix, timeout=args.timeout,
+                                 **_client_connect_options(args)) as client:
             if args.command == "embed":
                 reply = await client.embed(args.texts, dimensions=args.dimensions)
             elif args.command == "classify":
                 reply = await client.classify(args.texts)
             else:
                 reply = await client.score(args.text_1, args.text_2)
-        except PoolingServiceError as exc:
-            print(json.dumps({"request_id": exc.request_id, "error": exc.error}), file=sys.stderr)
-            return 1
+    except PoolingServiceError as exc:
+        print(json.dumps({"request_id": exc.request_id, "error": exc.error}), file=sys.stderr)
+        return 1
+    except NatsConnectError as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return EXIT_NATS_UNAVAILABLE
+    except nats.errors.NoRespondersError:
+        print(f"poolwire: no worker serves {subject} on {redact_url(args.nats_url)}; start one "
+              f"(poolwire serve --prefix {args.prefix}) or check --prefix", file=sys.stderr)
+        return EXIT_NO_RESPONDERS
+    except nats.errors.TimeoutError:
+        print(f"poolwire: no reply on {subject} within {args.timeout:g} s; the workers may be "
+              f"overloaded: retry, or raise --timeout", file=sys.stderr)
+        return EXIT_TIMEOUT
     print(json.dumps(reply))
     return 0
 
 
 async def tail_events(args) -> int:
-    import nats
-
-    nc = await nats.connect(args.nats_url)
+    try:
+        nc = await connect(NatsOptions.from_values(args.nats_url, **_client_connect_options(args)))
+    except NatsConnectError as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return EXIT_NATS_UNAVAILABLE
     sub = await nc.subscribe(f"{args.prefix}.events.deprecation")
     seen = 0
     try:
@@ -137,8 +238,19 @@ async def tail_events(args) -> int:
             print(json.dumps(msgpack.unpackb(msg.data, raw=False)), flush=True)
             seen += 1
     finally:
-        await nc.close()
+        await close_quietly(nc)
     return 0
+
+
+def health(args) -> int:
+    import time
+
+    from poolwire.actors.health import judge, read_heartbeat
+
+    path = Path(args.health_file) if args.health_file else args.state_dir / HEALTH_FILE_NAME
+    healthy, line = judge(read_heartbeat(path), time.time(), path)
+    print(line)
+    return 0 if healthy else 1
 
 
 def run_benchmark(argv: list[str]) -> int:
@@ -167,6 +279,8 @@ def main(argv=None) -> int:
             print(f"poolwire: {exc}", file=sys.stderr)
             return 2
         return asyncio.run(serve(settings))
+    if args.command == "health":
+        return health(args)
     if args.command == "events":
         try:
             return asyncio.run(tail_events(args))
