@@ -150,6 +150,8 @@ async def serve(settings: WorkerSettings) -> int:
         loop.add_signal_handler(sig, stop.set)
     # Ctrl-C and SIGTERM stop the worker in every state, connecting included: the start races
     # the signal instead of blocking it.
+    print(f"poolwire: connecting to NATS at {redact_url(url)} (timeout "
+          f"{settings.nats_connect_timeout_s:g} s)", flush=True)
     starting = asyncio.ensure_future(worker.start(url, health_file))
     signalled = asyncio.ensure_future(stop.wait())
     code, drain_timeout = 0, None

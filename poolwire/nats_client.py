@@ -4,6 +4,7 @@ upstream bugs). Both hooks are private methods of nats-py: the tests in
 tests/test_deaf_e2e.py send the real faulty traffic, so an upgrade that changes them fails there.
 """
 
+import asyncio
 import logging
 
 from nats.aio.client import Client
@@ -24,6 +25,11 @@ class ResilientClient(Client):
 
     async def _read_loop(self) -> None:
         await super()._read_loop()
+        me = asyncio.current_task()
+        if me is not None and (me.cancelling() or self._reading_task is not me):
+            # Stopped by a reconnect or a close (nats-py swallows the CancelledError), which
+            # may already have started the next connection and its own read loop.
+            return
         # nats-py 2.16's read loop ends without a reconnect when parsing raises anything but
         # ProtocolError/OSError (invalid UTF-8 in a subject, reply subject or header status line;
         # a bare `NATS/1.0` header block): it logs "nats: encountered error" and returns with
