@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgpack
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
@@ -68,14 +67,18 @@ CLIENT_CONNECTION_OPTIONS = (
 )
 
 
-def _client_parser(sub, name: str, help: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, epilog=CLIENT_EXIT_CODES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+def _connection_options(p: argparse.ArgumentParser) -> None:
     for option, env, text in CLIENT_CONNECTION_OPTIONS:
         default = os.environ.get(env) or ("nats://127.0.0.1:4222" if env == "NATS_URL" else None)
         p.add_argument(option, default=default, help=f"{text} (also {env})")
     p.add_argument("--connect-timeout", type=float, default=5.0,
                    help="give up (exit 3) when NATS does not accept the connection in this many s")
+
+
+def _client_parser(sub, name: str, help: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, epilog=CLIENT_EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _connection_options(p)
     p.add_argument("--prefix", default=os.environ.get("POOLWIRE_PREFIX", "pooling"))
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply")
     return p
@@ -105,8 +108,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
     p = sub.add_parser("bench", add_help=False,
                        help="in-process Sentence-Transformers vs a poolwire worker over NATS "
                             "(options: poolwire bench --help)")
-    p = _client_parser(sub, "events", "print deprecation events as JSON lines")
-    p.add_argument("--count", type=int, default=0, help="stop after this many (0: run until Ctrl-C)")
+    _operator_parsers(sub)
     p = sub.add_parser("health", help="is the worker of this state dir healthy? exit 0 or 1, one line",
                        description="Reads the heartbeat the worker's self-check writes (every "
                                    "--probe-interval-s) to <state-dir>/health.json; for a docker "
@@ -118,11 +120,34 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
     return parser, serve_options
 
 
+def _operator_parsers(sub) -> None:
+    def connected(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        _connection_options(p)
+        return p
+
+    p = connected("events", "print deprecation events as JSON lines: stored ones first with "
+                            "--all or --since, then new ones")
+    p.add_argument("--prefix", default=os.environ.get("POOLWIRE_PREFIX", "pooling"))
+    replay = p.add_mutually_exclusive_group()
+    replay.add_argument("--all", action="store_true", help="replay every stored event first")
+    replay.add_argument("--since", help="replay stored events from this time (RFC 3339) or age "
+                                        "(90s, 10m, 2h, 1d) first")
+    p.add_argument("--count", type=int, default=0, help="stop after this many (0: no limit)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop after this many seconds without an event (default: follow until Ctrl-C)")
+    p = connected("stats", "print every worker's $SRV.STATS as a table")
+    p.add_argument("--prefix", default=None, help="only the workers of this subject prefix")
+    p.add_argument("--json", action="store_true", help="print the raw STATS answers as JSON")
+
+
 async def serve(settings: WorkerSettings) -> int:
+    from poolwire import kernels
     from poolwire.actors.model import bundled_model_dir, load_model
     from poolwire.actors.nats_server import NatsServer
     from poolwire.actors.task_policy import TaskConfigError
     from poolwire.actors.worker import Worker
+    from poolwire.operators import try_hint
 
     try:
         model = load_model(settings.model or bundled_model_dir(), settings.model_name,
@@ -172,8 +197,8 @@ async def serve(settings: WorkerSettings) -> int:
               f"{settings.prefix}.<task>, queue group {settings.queue}\n"
               f"poolwire: configured task {policy.configured}; supported tasks "
               f"{', '.join(t.value for t in policy.supported)}; multitask {policy.multitask}\n"
-              f"poolwire: try  poolwire embed \"hello world\"   or   "
-              f"nats req {settings.prefix}.{policy.configured} '{{\"input\": \"hello\"}}'\n"
+              f"poolwire: pooling kernels: {kernels.describe_backend(model.device)}\n"
+              f"poolwire: try  {try_hint(policy.configured.value, settings.prefix, redact_url(url))}\n"
               f"poolwire: health  poolwire health --health-file {health_file}\n"
               f"poolwire: Ctrl-C drains in-flight requests and stops", flush=True)
         await asyncio.wait({signalled, worker.failed}, return_when=asyncio.FIRST_COMPLETED)
@@ -226,22 +251,30 @@ async def client_command(args) -> int:
     return 0
 
 
-async def tail_events(args) -> int:
+async def operator_command(args) -> int:
+    from datetime import datetime, timezone
+
+    from poolwire import operators
+
+    since = None
+    if getattr(args, "since", None):
+        try:
+            since = operators.parse_since(args.since, datetime.now(timezone.utc))
+        except ValueError as exc:
+            print(f"poolwire: {exc}", file=sys.stderr)
+            return 2
     try:
         nc = await connect(NatsOptions.from_values(args.nats_url, **_client_connect_options(args)))
     except NatsConnectError as exc:
         print(f"poolwire: {exc}", file=sys.stderr)
         return EXIT_NATS_UNAVAILABLE
-    sub = await nc.subscribe(f"{args.prefix}.events.deprecation")
-    seen = 0
     try:
-        while not args.count or seen < args.count:
-            msg = await sub.next_msg(timeout=None)
-            print(json.dumps(msgpack.unpackb(msg.data, raw=False)), flush=True)
-            seen += 1
+        if args.command == "stats":
+            return await operators.show_stats(nc, args.prefix, args.json)
+        return await operators.tail_events(nc, args.prefix, "all" if args.all else None, since,
+                                           args.count, args.timeout)
     finally:
         await close_quietly(nc)
-    return 0
 
 
 def health(args) -> int:
@@ -283,9 +316,9 @@ def main(argv=None) -> int:
         return asyncio.run(serve(settings))
     if args.command == "health":
         return health(args)
-    if args.command == "events":
+    if args.command in ("events", "stats"):
         try:
-            return asyncio.run(tail_events(args))
+            return asyncio.run(operator_command(args))
         except KeyboardInterrupt:
             return 0
     return asyncio.run(client_command(args))
