@@ -172,8 +172,11 @@ def nkey_user(path: Path) -> str:
 async def test_the_deployment_config_with_nkeys(minilm, tmp_path, report):
     """deploy/nats/nats-server.conf as compose runs it: NKey users, public keys from the
     environment, seeds in files."""
-    env = {"POOLWIRE_WORKER_NKEY": nkey_user(tmp_path / "worker.nk"),
-           "POOLWIRE_PUBLISHER_NKEY": nkey_user(tmp_path / "publisher.nk")}
+    made = subprocess.run([sys.executable, str(ROOT / "deploy/nats/make_nkeys.py"), str(tmp_path)],
+                          capture_output=True, text=True, check=True)
+    env = dict(line.split("=", 1) for line in made.stdout.split())
+    assert set(env) == {"POOLWIRE_WORKER_NKEY", "POOLWIRE_PUBLISHER_NKEY"}
+    assert (tmp_path / "worker.nk").stat().st_mode & 0o077 == 0  # the seed is the owner's only
     nkey_user(tmp_path / "stranger.nk")
     with NatsServer(store_dir=tmp_path / "nats", config=ROOT / "deploy/nats/nats-server.conf",
                     env=env) as server:
