@@ -106,6 +106,21 @@ async def serve(*args: str, env: dict | None = None):
         stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
 
+async def health(path, want: int, within: float = 15.0) -> tuple[int, str]:
+    """Run `poolwire health` until it exits `want` (the heartbeat is rewritten every probe
+    interval, so a new state shows within about a second), or return its last answer."""
+    deadline = time.monotonic() + within
+    while True:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "poolwire", "health", "--health-file", str(path),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        lines = out.decode().splitlines()
+        assert len(lines) == 1, lines
+        if proc.returncode == want or time.monotonic() > deadline:
+            return proc.returncode, lines[0]
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.slow
 async def test_sigterm_while_the_server_is_down_exits_0_within_the_drain_timeout(tmp_path, report):
@@ -116,9 +131,15 @@ async def test_sigterm_while_the_server_is_down_exits_0_within_the_drain_timeout
     seen: list[str] = []
     try:
         await read_until(proc.stdout, r"poolwire: serving", seen)
+        # `poolwire health`, as compose's healthcheck runs it, reads this worker's heartbeat.
+        # The first probe round trip takes a moment after start: retried under a deadline.
+        code, line = await health(tmp_path / "health.json", want=0)
+        assert code == 0 and line.startswith("worker ") and "ok: self-check probe" in line
         server.stop()
         # The worker logs its first failed reconnect: now it knows the server is gone.
         await read_until(proc.stdout, r"NATS connection: ", seen, timeout=30)
+        code, line = await health(tmp_path / "health.json", want=1)
+        assert code == 1 and "disconnected from NATS" in line, line
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         await read_until(proc.stdout, r"poolwire: stopped", seen, timeout=30)

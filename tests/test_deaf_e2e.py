@@ -4,6 +4,9 @@ nothing (NATS.md section 9), sent for real, and a normal request is answered aga
 buggy publisher in another language would send it."""
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 
 import msgpack
@@ -156,3 +159,49 @@ async def test_the_self_check_catches_deafness_the_workarounds_do_not_know(
             report("deaf by an unknown cause (probe)", recovered_s=round(took, 3), lost_tries=lost)
         finally:
             await nc.close()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.slow
+async def test_a_worker_deaf_beyond_repair_exits_4(tmp_path, report):
+    """A cause no reconnect cures: the worker's NATS user may not publish its own probes
+    (a permission mistake), so nothing proves it still receives. It reconnects twice, then
+    exits 4 for its supervisor to replace it (compose: restart unless-stopped)."""
+    conf = tmp_path / "nats.conf"
+    conf.write_text("""authorization { users: [
+  { user: deaf, password: pw, permissions: {
+      publish: { allow: ["$JS.API.>"] }, subscribe: ["deaf.>", "$SRV.>", "_INBOX.>"],
+      allow_responses: true } }
+] }
+""")
+    with NatsServer(store_dir=tmp_path / "nats", config=conf, jetstream=False) as server:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "poolwire", "serve", "--nats-url", server.url,
+            "--prefix", "deaf", "--probe-interval-s", "0.5", "--probe-timeout-s", "1",
+            "--state-dir", str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, "NATS_USER": "deaf", "NATS_PASSWORD": "pw"})
+        seen: list[str] = []
+        try:
+            while "poolwire: serving" not in (seen[-1] if seen else ""):
+                line = await asyncio.wait_for(proc.stdout.readline(), 120)
+                assert line, "".join(seen)
+                seen.append(line.decode(errors="replace"))
+            serving = time.monotonic()
+            while "exiting 4" not in seen[-1]:
+                line = await asyncio.wait_for(proc.stdout.readline(), 60)
+                assert line, "".join(seen)
+                seen.append(line.decode(errors="replace"))
+            gave_up = time.monotonic() - serving
+            code = await asyncio.wait_for(proc.wait(), 60)
+            exited = time.monotonic() - serving
+            out = "".join(seen) + (await proc.stdout.read()).decode(errors="replace")
+            report("deaf beyond repair (probe not permitted)", exit_code=code,
+                   gave_up_after_serving_s=round(gave_up, 3), exited_after_serving_s=round(exited, 3))
+            assert code == 4, out
+            assert gave_up <= RECOVERY_BOUND_S
+            assert "even after 2 reconnects" in out and "deaf.probe." in out
+            assert "Traceback" not in out
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
