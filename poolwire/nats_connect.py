@@ -197,6 +197,12 @@ def _hint(exc: BaseException | None) -> str:
     if isinstance(exc, ssl.SSLError) or "ssl" in text or "tls" in text or "certificate" in text:
         return (f"TLS failed; check {OPTION_NAMES['ca']} (the CA that signed the server's "
                 f"certificate), {OPTION_NAMES['cert']} and {OPTION_NAMES['key']}")
+    if isinstance(exc, ConnectionResetError):
+        # A server that refuses credentials writes -ERR and closes at once; the reset can
+        # overtake the -ERR line, so a reset during the handshake most often means that.
+        return ("the server closed the connection during the handshake: check the credentials ("
+                + ", ".join(OPTION_NAMES[k] for k in ("creds", "nkey", "user", "token"))
+                + f") and whether it requires TLS ({OPTION_NAMES['ca']})")
     return f"check {OPTION_NAMES['servers']} and that nats-server is running and reachable"
 
 
@@ -231,7 +237,8 @@ async def connect(opts: NatsOptions, *, name: str | None = None,
 
     async def error_cb(exc: Exception) -> None:
         if not connected:
-            last_error[:] = [exc]
+            if not fatal.is_set():  # the refusal is the cause, whatever the retries report next
+                last_error[:] = [exc]
             if _fatal_at_start(exc):
                 fatal.set()
             return
@@ -269,7 +276,7 @@ async def connect(opts: NatsOptions, *, name: str | None = None,
     if attempt.done() and not attempt.cancelled() and attempt.exception() is None:
         connected = True
         return nc
-    if attempt.done() and not attempt.cancelled():
+    if attempt.done() and not attempt.cancelled() and not fatal.is_set():
         last_error[:] = [attempt.exception()]
     attempt.cancel()
     await asyncio.gather(attempt, return_exceptions=True)
