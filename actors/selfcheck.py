@@ -36,6 +36,7 @@ class Verdict:
     action: Action
     healthy: bool
     reason: str       # one line, for logs and `poolwire health`
+    state: str = ""   # ok, starting, disconnected, deaf, closed: what a change is logged on
 
 
 @dataclass
@@ -78,25 +79,25 @@ class SelfCheck:
 
     def verdict(self, link: Link, now: float) -> Verdict:
         if link is Link.CLOSED:
-            return Verdict(Action.EXIT, False, "the NATS connection was closed for good")
+            return Verdict(Action.EXIT, False, "the NATS connection was closed for good", "closed")
         if link is Link.RECONNECTING:
             since = now - (self.down_since if self.down_since is not None else now)
             return Verdict(Action.NONE, False,
-                           f"disconnected from NATS for {since:.1f} s; reconnecting")
+                           f"disconnected from NATS for {since:.1f} s; reconnecting", "disconnected")
         oldest = min(self._outstanding.values(), default=None)
         if oldest is None or now - oldest < self.timeout_s:
             if self.last_ok is None:
                 return Verdict(Action.NONE, now - self.started_at < self.timeout_s,
-                               "waiting for the first self-check probe")
+                               "waiting for the first self-check probe", "starting")
             return Verdict(Action.NONE, True,
-                           f"ok: self-check probe answered {now - self.last_ok:.1f} s ago")
+                           f"ok: self-check probe answered {now - self.last_ok:.1f} s ago", "ok")
         silent = now - (self.last_ok if self.last_ok is not None else self.started_at)
         if self.reconnects_forced < self.max_reconnects:
             self.reconnects_forced += 1
             self._outstanding.clear()
             return Verdict(Action.RECONNECT, False,
                            f"deaf: no self-check probe came back for {silent:.1f} s; forcing "
-                           f"reconnect {self.reconnects_forced} of {self.max_reconnects}")
+                           f"reconnect {self.reconnects_forced} of {self.max_reconnects}", "deaf")
         return Verdict(Action.EXIT, False,
                        f"deaf: no self-check probe came back for {silent:.1f} s, even after "
-                       f"{self.max_reconnects} reconnects")
+                       f"{self.max_reconnects} reconnects", "deaf")

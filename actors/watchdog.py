@@ -64,9 +64,12 @@ class Watchdog:
     def closed(self) -> None:
         """From the connection's closed callback: unless we are stopping, this is fatal."""
         if not self.stopping:
-            self._give_up("the NATS connection was closed for good")
+            self.give_up("the NATS connection was closed for good")
 
-    def _give_up(self, reason: str) -> None:
+    def give_up(self, reason: str) -> None:
+        """Beyond what a reconnect can cure: report it, so the process exits non-zero."""
+        if self.stopping:
+            return
         self.stopping = True
         log.error("%s; exiting so that a supervisor replaces this worker", reason)
         self._write(False, reason)
@@ -96,14 +99,15 @@ class Watchdog:
                 except Exception as exc:  # the link dropped since link_of(): the next tick sees it
                     log.debug("self-check probe not sent: %r", exc)
             verdict = self.check.verdict(link, now)
-            if verdict != self.last and not verdict.healthy:
-                log.warning("self-check: %s", verdict.reason)
+            changed = self.last is None or verdict.state != self.last.state
+            if (changed or verdict.action is not Action.NONE) and not verdict.healthy:
+                log.warning("self-check: %s", verdict.reason)  # once per change of state
             self.last = verdict
             if verdict.action is Action.RECONNECT:
                 self.reconnects_forced += 1
                 await self._nc.force_reconnect()
             elif verdict.action is Action.EXIT:
-                self._give_up(f"{verdict.reason} (probes go to {self.subject}: the worker's "
+                self.give_up(f"{verdict.reason} (probes go to {self.subject}: the worker's "
                               f"NATS user must be allowed to publish and subscribe to it)")
                 return
             if now - last_write >= self.check.interval_s or not verdict.healthy:

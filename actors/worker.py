@@ -75,9 +75,13 @@ class Worker:
             elif not self.failed.done():
                 self.failed.set_result("the NATS connection was closed for good")
 
+        def refused(reason: str) -> None:
+            if self.watchdog is not None:
+                self.watchdog.give_up(reason)
+
         self.nc = await connect(nats_options(s, url), name=f"poolwire-{self.worker_id}",
                                 closed_cb=closed, disconnected_cb=link_changed,
-                                reconnected_cb=link_changed)
+                                reconnected_cb=link_changed, refused_cb=refused)
         replier = Replier(self.nc, self.metrics)
         self.events = EventPublisher(self.nc, s.prefix, self.metrics)
         self.engine = EngineActor(self.model, replier, EngineLimits(

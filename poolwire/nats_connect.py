@@ -225,8 +225,12 @@ Callback = Callable[[], Awaitable[None]]
 
 async def connect(opts: NatsOptions, *, name: str | None = None,
                   closed_cb: Callback | None = None, disconnected_cb: Callback | None = None,
-                  reconnected_cb: Callback | None = None) -> ResilientClient:
-    """Connect within `opts.connect_timeout_s` or raise NatsConnectError (one line)."""
+                  reconnected_cb: Callback | None = None,
+                  refused_cb: Callable[[str], None] | None = None) -> ResilientClient:
+    """Connect within `opts.connect_timeout_s` or raise NatsConnectError (one line).
+
+    Later, nats-py reconnects forever; a server that refuses the credentials on a reconnect
+    (they were revoked) would keep it trying forever, so `refused_cb` gets that as one line."""
     opts.check()
     kwargs = opts.connect_kwargs()
     nc = ResilientClient()
@@ -245,6 +249,9 @@ async def connect(opts: NatsOptions, *, name: str | None = None,
         # During an outage nats-py reports every failed try (several a second); log each
         # distinct error once per outage.
         key = _describe(exc)
+        if refused_cb is not None and _fatal_at_start(exc):
+            refused_cb(f"the NATS server refused the credentials on reconnecting ({key}); "
+                       f"{_hint(exc).removeprefix('the server refused the credentials; ')}")
         if key not in outage_errors:
             outage_errors.add(key)
             log.warning("NATS connection: %s", key)

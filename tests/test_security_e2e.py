@@ -11,6 +11,7 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -288,3 +289,25 @@ async def test_mutual_tls(minilm, tmp_path, report):
             await connect(NatsOptions.from_values(url, ca=certs["ca"], connect_timeout_s=2))
         assert "\n" not in str(info.value)
     report("mutual TLS", served=True, without_ca_refused=True, without_client_cert_refused=True)
+
+
+async def test_credentials_revoked_while_serving_end_the_worker(minilm, tmp_path, report):
+    """The operator removes the worker's user and reloads nats-server: the server closes the
+    connection, and every reconnect is refused with 'Authorization Violation'. The worker reports
+    it as failed (poolwire serve then exits 4, and its restart fails at start in one line, exit
+    3) instead of running on, reconnecting forever."""
+    conf = tmp_path / "nats.conf"
+    users = '{{ user: worker, password: "{pw}" }}, {{ user: alice, password: "{pw}" }}'
+    conf.write_text(f"authorization {{ users: [ {users.format(pw=PASSWORD)} ] }}\n")
+    with NatsServer(store_dir=tmp_path / "nats", config=conf, jetstream=False) as server:
+        alice = {"user": "alice", "password": PASSWORD}
+        async with serving(minilm, server.url, "rev", alice, nats_user="worker",
+                           nats_password=PASSWORD) as worker:
+            conf.write_text(f'authorization {{ users: [ {{ user: alice, password: "{PASSWORD}" }} ] }}\n')
+            revoked = asyncio.get_running_loop().time()
+            os.kill(server._proc.pid, signal.SIGHUP)  # nats-server reloads its config
+            reason = await asyncio.wait_for(asyncio.shield(worker.failed), 10)
+            took = asyncio.get_running_loop().time() - revoked
+            assert "refused the credentials on reconnecting" in reason and PASSWORD not in reason
+            assert "--nats-password / NATS_PASSWORD" in reason
+            report("credentials revoked while serving", failed_after_s=round(took, 3))
