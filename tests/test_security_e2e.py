@@ -170,9 +170,11 @@ def nkey_user(path: Path) -> str:
     return nkeys.from_seed(bytearray(seed)).public_key.decode()
 
 
-async def test_the_deployment_config_with_nkeys(minilm, tmp_path, report):
+async def test_the_deployment_config_with_nkeys(minilm, tmp_path, caplog, report):
     """deploy/nats/nats-server.conf as compose runs it: NKey users, public keys from the
-    environment, seeds in files."""
+    environment, seeds in files. The worker's permissions are enough for all it does: the
+    events stream (JetStream API), streamed replies of many frames, its self-check."""
+    caplog.set_level(logging.INFO)
     made = subprocess.run([sys.executable, str(ROOT / "deploy/nats/make_nkeys.py"), str(tmp_path)],
                           capture_output=True, text=True, check=True)
     env = dict(line.split("=", 1) for line in made.stdout.split())
@@ -183,7 +185,12 @@ async def test_the_deployment_config_with_nkeys(minilm, tmp_path, report):
                     env=env) as server:
         publisher = {"nkey": tmp_path / "publisher.nk", "inbox_prefix": "_INBOX.publisher"}
         async with serving(minilm, server.url, "pooling", publisher,
-                           nats_nkey=tmp_path / "worker.nk", nats_inbox_prefix="_INBOX.worker"):
+                           nats_nkey=tmp_path / "worker.nk", nats_inbox_prefix="_INBOX.worker") as worker:
+            assert "created stream POOLWIRE_EVENTS_POOLING" in caplog.text
+            async with PoolingClient(server.url, prefix="pooling", timeout=60, **publisher) as client:
+                frames = [f async for f in client.stream("embed", {"input": ["a", "b", "c"]})]
+            assert len(frames) == 4 and frames[-1]["done"]
+            assert worker.watchdog.last.healthy, worker.watchdog.last
             seen, cbs = server_errors()
             nc = await connect(NatsOptions.from_values(server.url, **publisher))
             nc._error_cb = cbs["error_cb"]  # to see the server's permission errors
