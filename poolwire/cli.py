@@ -14,7 +14,8 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from poolwire.actors.health import HEALTH_FILE_NAME
-from poolwire.nats_connect import NatsConnectError, NatsOptions, close_quietly, connect, redact_url
+from poolwire.nats_connect import (NatsConnectError, NatsOptions, close_quietly, connect,
+                                   nats_options, redact_url)
 from poolwire.settings import ENV_PREFIX, WorkerSettings
 
 log = logging.getLogger("poolwire")
@@ -149,6 +150,13 @@ async def serve(settings: WorkerSettings) -> int:
     from poolwire.actors.worker import Worker
     from poolwire.operators import try_hint
 
+    try:  # a typo in a key or certificate path shows now, not after the model has loaded
+        opts = nats_options(settings)
+        opts.check()
+        opts.tls_context()
+    except (NatsConnectError, ValueError) as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         model = load_model(settings.model or bundled_model_dir(), settings.model_name,
                            settings.device, settings.dtype)
@@ -313,7 +321,16 @@ def main(argv=None) -> int:
         except ValidationError as exc:
             print(f"poolwire: {exc}", file=sys.stderr)
             return 2
-        return asyncio.run(serve(settings))
+        # SIGTERM while the model loads (before the worker's own handlers exist) stops it
+        # like Ctrl-C: nothing is in flight yet, so that is a clean stop.
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            return asyncio.run(serve(settings))
+        except KeyboardInterrupt:
+            print("poolwire: stopped before serving", file=sys.stderr)
+            return 0
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     if args.command == "health":
         return health(args)
     if args.command in ("events", "stats"):

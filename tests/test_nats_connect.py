@@ -92,3 +92,15 @@ async def test_an_unreachable_server_fails_within_the_connect_timeout_with_one_l
     assert took < 1.0 + 1.0, took  # the stated bound: the connect timeout, plus closing
     assert "\n" not in message and "s3cret" not in message
     assert "within 1 s" in message and "--nats-url / NATS_URL" in message
+
+
+def test_serve_refuses_bad_nats_options_before_loading_the_model(tmp_path, capsys):
+    from poolwire.cli import main
+
+    assert main(["serve", "--nats-url", "nats://127.0.0.1:1", "--nats-nkey",
+                 str(tmp_path / "missing.nk")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing.nk" in err and "--nats-nkey / NATS_NKEY" in err
+    assert main(["serve", "--nats-url", "http://u:s3cret@h:1"]) == 2
+    err = capsys.readouterr().err
+    assert "scheme 'http'" in err and "s3cret" not in err
