@@ -16,17 +16,12 @@ from pydantic_settings import CliSettingsSource
 from poolwire.actors.health import HEALTH_FILE_NAME
 from poolwire.nats_connect import (NatsConnectError, NatsOptions, close_quietly, connect,
                                    nats_options, redact_url)
+from poolwire.cli_nats import (CLIENT_EXIT_CODES, EXIT_CONFIG, EXIT_DEAF, EXIT_NATS_UNAVAILABLE,
+                               EXIT_NO_RESPONDERS, EXIT_TIMEOUT, SERVE_EXIT_CODES,
+                               add_connection_options, connect_options)
 from poolwire.settings import ENV_PREFIX, WorkerSettings
 
 log = logging.getLogger("poolwire")
-
-# Exit codes of `poolwire serve` (and, where they apply, of the client commands).
-EXIT_CONFIG = 2             # a bad option, model folder or task
-EXIT_NATS_UNAVAILABLE = 3   # NATS unreachable within the connect timeout, or credentials refused
-EXIT_DEAF = 4               # the worker stopped receiving and could not recover: replace it
-EXIT_NO_RESPONDERS = 4      # client commands: no worker serves the subject
-EXIT_TIMEOUT = 5            # client commands: no reply within --timeout
-
 
 def _serve_parser(sub) -> CliSettingsSource:
     """`serve` takes one option per WorkerSettings field, derived by pydantic-settings."""
@@ -39,56 +34,13 @@ def _serve_parser(sub) -> CliSettingsSource:
     return CliSettingsSource(WorkerSettings, root_parser=p)
 
 
-SERVE_EXIT_CODES = f"""exit codes:
-  0  stopped by Ctrl-C or SIGTERM after draining (also while NATS was down)
-  {EXIT_CONFIG}  a bad option, model folder or task (one line on stderr)
-  {EXIT_NATS_UNAVAILABLE}  NATS not reachable within --nats-connect-timeout-s, or credentials/TLS refused
-  {EXIT_DEAF}  the worker stopped receiving and reconnecting did not help: replace it"""
-
-CLIENT_EXIT_CODES = """exit codes:
-  0  the reply was printed
-  1  the worker answered with an error (printed as JSON on stderr)
-  3  NATS could not be reached or refused the credentials (one line on stderr)
-  4  no worker serves this subject (no responders)
-  5  no reply within --timeout"""
-
-CLIENT_CONNECTION_OPTIONS = (
-    # (option, environment variable, help)
-    ("--nats-url", "NATS_URL", "NATS server, or every URL of a cluster comma-separated"),
-    ("--nats-creds", "NATS_CREDS", "credentials file (user JWT and NKey seed)"),
-    ("--nats-nkey", "NATS_NKEY", "NKey seed file"),
-    ("--nats-user", "NATS_USER", "user"),
-    ("--nats-password", "NATS_PASSWORD", "password (prefer the variable: options show in ps)"),
-    ("--nats-token", "NATS_TOKEN", "token"),
-    ("--nats-ca", "NATS_CA", "CA certificate that signed the server's"),
-    ("--nats-cert", "NATS_CERT", "TLS client certificate"),
-    ("--nats-key", "NATS_KEY", "TLS client key"),
-    ("--nats-inbox-prefix", "POOLWIRE_NATS_INBOX_PREFIX",
-     "prefix of this client's reply subjects (default _INBOX)"),
-)
-
-
-def _connection_options(p: argparse.ArgumentParser) -> None:
-    for option, env, text in CLIENT_CONNECTION_OPTIONS:
-        default = os.environ.get(env) or ("nats://127.0.0.1:4222" if env == "NATS_URL" else None)
-        p.add_argument(option, default=default, help=f"{text} (also {env})")
-    p.add_argument("--connect-timeout", type=float, default=5.0,
-                   help="give up (exit 3) when NATS does not accept the connection in this many s")
-
-
 def _client_parser(sub, name: str, help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, epilog=CLIENT_EXIT_CODES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    _connection_options(p)
+    add_connection_options(p)
     p.add_argument("--prefix", default=os.environ.get("POOLWIRE_PREFIX", "pooling"))
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply")
     return p
-
-
-def _client_connect_options(args) -> dict:
-    names = ("creds", "nkey", "user", "password", "token", "ca", "cert", "key", "inbox_prefix")
-    return {n: getattr(args, "nats_" + n) for n in names} | {
-        "connect_timeout_s": args.connect_timeout}
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
@@ -124,7 +76,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
 def _operator_parsers(sub) -> None:
     def connected(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
-        _connection_options(p)
+        add_connection_options(p)
         return p
 
     p = connected("events", "print deprecation events as JSON lines: stored ones first with "
@@ -234,7 +186,7 @@ async def client_command(args) -> int:
     subject = f"{args.prefix}.{args.command}"
     try:
         async with PoolingClient(args.nats_url, prefix=args.prefix, timeout=args.timeout,
-                                 **_client_connect_options(args)) as client:
+                                 **connect_options(args)) as client:
             if args.command == "embed":
                 reply = await client.embed(args.texts, dimensions=args.dimensions)
             elif args.command == "classify":
@@ -272,7 +224,7 @@ async def operator_command(args) -> int:
             print(f"poolwire: {exc}", file=sys.stderr)
             return 2
     try:
-        nc = await connect(NatsOptions.from_values(args.nats_url, **_client_connect_options(args)))
+        nc = await connect(NatsOptions.from_values(args.nats_url, **connect_options(args)))
     except NatsConnectError as exc:
         print(f"poolwire: {exc}", file=sys.stderr)
         return EXIT_NATS_UNAVAILABLE

@@ -18,7 +18,6 @@ import pytest
 
 from poolwire.actors.nats_server import NatsServer
 from poolwire.nats_connect import NatsOptions, close_quietly, connect
-from tests.figures import report  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.chaos]
 

@@ -17,7 +17,6 @@ from nats.aio.client import Client
 
 from poolwire.actors.nats_server import NatsServer
 from poolwire.nats_client import ResilientClient
-from tests.figures import report  # noqa: F401  (fixture)
 from tests.rawnats import RawNats
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.chaos]

@@ -26,7 +26,6 @@ from poolwire.actors.worker import Worker
 from poolwire.client import PoolingClient
 from poolwire.nats_connect import NatsConnectError, NatsOptions, close_quietly, connect
 from poolwire.settings import WorkerSettings
-from tests.figures import report  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.timeout(120)]
 
