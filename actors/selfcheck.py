@@ -9,6 +9,11 @@ client says it is connected means the worker is deaf, whatever the cause. While 
 disconnected (the server is down, nats-py is reconnecting) no probe can come back and nothing
 a worker does helps: that is reported, not acted on.
 
+A probe can also be late because the worker is busy: under a burst of thousands of requests it
+waits in the socket behind them. So a late probe counts as deaf only when nothing else arrived
+either since it was due (the receive path is stuck), or when it is later than `busy_limit_s`
+however much else arrives (a lost subscription amid other traffic).
+
 Deaf: force a reconnect (nats-py then replays every subscription: requests, discovery, the
 probe), at most `max_reconnects` times in a row; still deaf after that, or a connection closed
 for good (not by our own stop): exit non-zero so a supervisor replaces the process.
@@ -44,7 +49,11 @@ class SelfCheck:
     interval_s: float = 1.0
     timeout_s: float = 3.0
     max_reconnects: int = 2
+    busy_limit_s: float = 30.0
     started_at: float = 0.0
+    last_progress: float | None = None        # when the client last read any message
+    _received: int = -1
+    _last_look: float | None = None
     last_ok: float | None = None              # when a probe last came back
     down_since: float | None = None           # when the client last lost the connection
     reconnects_forced: int = 0                # forced reconnects since the last probe came back
@@ -69,6 +78,12 @@ class SelfCheck:
         self.last_ok = now
         self.reconnects_forced = 0
 
+    def received(self, count: int, now: float) -> None:
+        """The client's count of messages read so far (nats-py's stats["in_msgs"])."""
+        if count != self._received:
+            self._received = count
+            self.last_progress = now
+
     def link_changed(self, link: Link, now: float) -> None:
         """A disconnect or reconnect: probes sent on the old connection never come back."""
         self._outstanding.clear()
@@ -78,6 +93,15 @@ class SelfCheck:
             self.down_since = None
 
     def verdict(self, link: Link, now: float) -> Verdict:
+        """Asked every fraction of `interval_s`. A longer gap since the last call means the
+        process itself was stalled (event loop blocked, CPU starved): probes could not be read
+        then, so that time is not counted against them."""
+        gap = now - self._last_look if self._last_look is not None else 0.0
+        self._last_look = now
+        if gap > self.interval_s:
+            self._outstanding = {s: t + gap for s, t in self._outstanding.items()}
+            if self.last_progress is not None:
+                self.last_progress += gap
         if link is Link.CLOSED:
             return Verdict(Action.EXIT, False, "the NATS connection was closed for good", "closed")
         if link is Link.RECONNECTING:
@@ -85,7 +109,13 @@ class SelfCheck:
             return Verdict(Action.NONE, False,
                            f"disconnected from NATS for {since:.1f} s; reconnecting", "disconnected")
         oldest = min(self._outstanding.values(), default=None)
-        if oldest is None or now - oldest < self.timeout_s:
+        late = oldest is not None and now - oldest >= self.timeout_s
+        progress = self.last_progress is not None and now - self.last_progress < self.timeout_s
+        if late and progress and now - oldest < self.busy_limit_s:
+            return Verdict(Action.NONE, True,
+                           f"busy: self-check probe {now - oldest:.1f} s late while messages "
+                           f"keep arriving", "busy")
+        if not late:
             if self.last_ok is None:
                 return Verdict(Action.NONE, now - self.started_at < self.timeout_s,
                                "waiting for the first self-check probe", "starting")

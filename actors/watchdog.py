@@ -93,6 +93,7 @@ class Watchdog:
         while not self.stopping:
             now = time.monotonic()
             link = link_of(self._nc)
+            self.check.received(self._nc.stats["in_msgs"], now)
             if link is Link.CONNECTED and (seq := self.check.next_probe(now)) is not None:
                 try:
                     await self._nc.publish(self.subject, self._nonce + b":" + str(seq).encode())

@@ -28,29 +28,41 @@ def test_one_probe_per_interval_while_one_is_out():
     assert check.next_probe(1.0) == 1
 
 
+def looked(check: SelfCheck, start: float, until: float, link: Link = Link.CONNECTED):
+    """Ask for a verdict every 0.25 s from `start` to `until`, as the watchdog does; return the
+    first verdict that acts, with its time, or the last one."""
+    t = start
+    while t <= until + 1e-9:
+        v = check.verdict(link, t)
+        if v.action is not Action.NONE:
+            return v, t
+        t += 0.25
+    return v, until
+
+
 def test_a_connected_worker_whose_probes_stop_coming_back_reconnects_then_exits():
     check = SelfCheck(interval_s=1, timeout_s=3, max_reconnects=2)
     probe_round(check, 0.0)
     check.next_probe(1.0)                      # lost
-    assert check.verdict(Link.CONNECTED, 3.9).action is Action.NONE
-    v = check.verdict(Link.CONNECTED, 4.0)     # 3 s after the lost probe
-    assert v.action is Action.RECONNECT and not v.healthy and "deaf" in v.reason
+    v, t = looked(check, 1.0, 5.0)
+    assert v.action is Action.RECONNECT and t == 4.0 and not v.healthy and "deaf" in v.reason
     check.link_changed(Link.RECONNECTING, 4.0)
-    check.link_changed(Link.CONNECTED, 4.1)
-    check.next_probe(4.1)                      # lost again after the reconnect
-    assert check.verdict(Link.CONNECTED, 7.1).action is Action.RECONNECT
-    check.next_probe(7.2)
-    v = check.verdict(Link.CONNECTED, 10.3)
-    assert v.action is Action.EXIT and "even after 2 reconnects" in v.reason
+    check.link_changed(Link.CONNECTED, 4.25)
+    check.next_probe(4.25)                     # lost again after the reconnect
+    v, t = looked(check, 4.25, 8.0)
+    assert v.action is Action.RECONNECT and t == 7.25
+    check.next_probe(7.5)
+    v, t = looked(check, 7.5, 11.0)
+    assert v.action is Action.EXIT and t == 10.5 and "even after 2 reconnects" in v.reason
 
 
 def test_a_probe_back_after_a_forced_reconnect_resets_the_count():
     check = SelfCheck(interval_s=1, timeout_s=3, max_reconnects=1)
     check.next_probe(0.0)
-    assert check.verdict(Link.CONNECTED, 3.0).action is Action.RECONNECT
+    assert looked(check, 0.0, 3.0)[0].action is Action.RECONNECT
     probe_round(check, 3.5)                    # the reconnect cured it
     check.next_probe(5.0)
-    assert check.verdict(Link.CONNECTED, 8.0).action is Action.RECONNECT  # not EXIT
+    assert looked(check, 3.25, 8.0)[0].action is Action.RECONNECT  # not EXIT
 
 
 def test_while_disconnected_nothing_is_forced_and_the_outage_is_reported():
@@ -86,3 +98,34 @@ def test_no_first_probe_back_is_deaf():
     v = check.verdict(Link.CONNECTED, 2.0)
     assert v.healthy and "first" in v.reason
     assert check.verdict(Link.CONNECTED, 3.0).action is Action.RECONNECT
+
+
+def test_a_late_probe_while_messages_keep_arriving_is_busy_not_deaf():
+    check = SelfCheck(interval_s=1, timeout_s=3, busy_limit_s=30)
+    check.received(0, 0.0)
+    check.next_probe(0.0)                      # stuck behind a burst in the socket
+    for t in range(1, 30):
+        check.received(t * 1000, float(t))     # the read loop works through the burst
+        v = check.verdict(Link.CONNECTED, float(t))
+        assert v.action is Action.NONE and v.healthy, v
+    assert "busy" in v.reason
+    check.received(31000, 30.0)
+    assert check.verdict(Link.CONNECTED, 30.0).action is Action.RECONNECT  # beyond the limit
+
+
+def test_a_late_probe_with_nothing_else_arriving_is_deaf():
+    check = SelfCheck(interval_s=1, timeout_s=3)
+    check.received(500, 0.0)
+    check.next_probe(0.0)
+    check.received(500, 2.0)                   # nothing read since: the receive path is stuck
+    assert check.verdict(Link.CONNECTED, 3.0).action is Action.RECONNECT
+
+
+def test_a_stalled_process_does_not_count_the_stall_against_its_probes():
+    check = SelfCheck(interval_s=1, timeout_s=3)
+    check.next_probe(0.0)
+    assert check.verdict(Link.CONNECTED, 0.25).action is Action.NONE
+    # The event loop was blocked for 5 s: the probe waits unread in the socket.
+    assert check.verdict(Link.CONNECTED, 5.25).action is Action.NONE
+    check.answered(0, 5.3)
+    assert check.verdict(Link.CONNECTED, 5.5).healthy
