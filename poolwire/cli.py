@@ -153,8 +153,9 @@ async def serve(settings: WorkerSettings) -> int:
             print(f"poolwire: {exc}", file=sys.stderr, flush=True)
             return EXIT_NATS_UNAVAILABLE
         policy = worker.policy
-        print(f"poolwire: serving {model.name} on {redact_url(url)}: subjects "
-              f"{settings.prefix}.<task>, queue group {settings.queue}\n"
+        print(f"poolwire: serving {model.name} (revision {model.revision}) on {redact_url(url)}: "
+              f"subjects {settings.prefix}.<task>, "
+              f"queue group {settings.queue}\n"
               f"poolwire: configured task {policy.configured}; supported tasks "
               f"{', '.join(t.value for t in policy.supported)}; multitask {policy.multitask}\n"
               f"poolwire: pooling kernels: {kernels.describe_backend(model.device)}\n"
