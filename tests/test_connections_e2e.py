@@ -105,9 +105,10 @@ async def serve(*args: str, env: dict | None = None):
         stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
 
-async def health(path, want: int, within: float = 15.0) -> tuple[int, str]:
-    """Run `poolwire health` until it exits `want` (the heartbeat is rewritten every probe
-    interval, so a new state shows within about a second), or return its last answer."""
+async def health(path, want: int, expect: str, within: float = 15.0) -> tuple[int, str]:
+    """Run `poolwire health` until it exits `want` saying `expect` (the heartbeat is rewritten
+    every probe interval, so a new state shows within about a second), or return its last
+    answer."""
     deadline = time.monotonic() + within
     while True:
         proc = await asyncio.create_subprocess_exec(
@@ -116,7 +117,7 @@ async def health(path, want: int, within: float = 15.0) -> tuple[int, str]:
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
         lines = out.decode().splitlines()
         assert len(lines) == 1, lines
-        if proc.returncode == want or time.monotonic() > deadline:
+        if (proc.returncode == want and expect in lines[0]) or time.monotonic() > deadline:
             return proc.returncode, lines[0]
 
 
@@ -132,12 +133,12 @@ async def test_sigterm_while_the_server_is_down_exits_0_within_the_drain_timeout
         await read_until(proc.stdout, r"poolwire: serving", seen)
         # `poolwire health`, as compose's healthcheck runs it, reads this worker's heartbeat.
         # The first probe round trip takes a moment after start: retried under a deadline.
-        code, line = await health(tmp_path / "health.json", want=0)
+        code, line = await health(tmp_path / "health.json", want=0, expect="ok: self-check probe")
         assert code == 0 and line.startswith("worker ") and "ok: self-check probe" in line
         server.stop()
         # The worker logs its first failed reconnect: now it knows the server is gone.
         await read_until(proc.stdout, r"NATS connection: ", seen, timeout=30)
-        code, line = await health(tmp_path / "health.json", want=1)
+        code, line = await health(tmp_path / "health.json", want=1, expect="disconnected from NATS")
         assert code == 1 and "disconnected from NATS" in line, line
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
