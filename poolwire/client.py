@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
-import nats
 import nats.errors
 import nats.js.errors
 
+from poolwire.nats_connect import NatsOptions, close_quietly, connect
 from poolwire.schemas.codec import decode
 
 
@@ -41,12 +41,19 @@ _ANSWERED_KEPT = 100_000
 
 
 class PoolingClient:
-    """`async with PoolingClient(url) as c: reply = await c.embed(["hello"])`."""
+    """`async with PoolingClient(url) as c: reply = await c.embed(["hello"])`.
+
+    Given a URL (several comma-separated for a cluster) it opens its own connection, with the
+    keyword options of poolwire.nats_connect.NatsOptions: creds, nkey, user, password, token,
+    ca, cert, key, inbox_prefix, connect_timeout_s, reconnect_wait_s. An unreachable server or
+    refused credentials raise NatsConnectError (one line) within connect_timeout_s."""
 
     def __init__(self, nc_or_url: Any = "nats://127.0.0.1:4222", prefix: str = "pooling",
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, **connect_options: Any) -> None:
         self._nc_or_url = nc_or_url
         self._own = isinstance(nc_or_url, str)
+        self._connect_options = NatsOptions.from_values(nc_or_url, **connect_options) \
+            if self._own else None
         self.nc = None if self._own else nc_or_url
         self.prefix = prefix
         self.timeout = timeout
@@ -61,7 +68,7 @@ class PoolingClient:
 
     async def __aenter__(self) -> "PoolingClient":
         if self.nc is None:
-            self.nc = await nats.connect(self._nc_or_url)
+            self.nc = await connect(self._connect_options)
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -75,7 +82,7 @@ class PoolingClient:
                 pass  # the connection is already gone
             self._jobs_sub = None
         if self._own and self.nc is not None:
-            await self.nc.close()
+            await close_quietly(self.nc)
             self.nc = None
 
     async def request(self, task: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
