@@ -13,7 +13,6 @@ import numpy as np
 
 from poolwire.actors.batch_planner import BatchPlanner, QueuedItem
 from poolwire.actors.forward import run_batch
-from poolwire.actors.inline_forward import runs_inline
 from poolwire.actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
 from poolwire.actors.messages import Job
 from poolwire.actors.metrics import WorkerMetrics
@@ -37,16 +36,6 @@ class EngineLimits:
     max_wait_ms: float = 2.0         # wait this long for more work when a batch is not full
     max_added_padding: int = 16      # padding tokens an item may add to join a batch
     max_queued_tokens: int = 262144  # admission bound; past it requests get `overloaded`
-
-
-def _run_now(loop: asyncio.AbstractEventLoop, fn, *args) -> asyncio.Future:
-    """fn(*args) on this thread, as a finished future (the shape run_in_executor gives)."""
-    future = loop.create_future()
-    try:
-        future.set_result(fn(*args))
-    except Exception as exc:
-        future.set_exception(exc)
-    return future
 
 
 @dataclass(eq=False)
@@ -177,13 +166,9 @@ class EngineActor(Actor):
                 flight, i = item.payload
                 seqs.append(flight.plan.sequences[i])
                 specs.append(flight.plan.spec)
-            call = (run_batch, self.model, seqs, specs, self.precision)
-            padded = len(seqs) * max(len(s) for s in seqs)
-            if runs_inline(padded, self._in_forward, len(self._planner)):
-                future = _run_now(loop, *call)
-            else:
-                future = loop.run_in_executor(self._forward_thread, *call)
             self._in_forward += 1
+            future = loop.run_in_executor(self._forward_thread, run_batch, self.model, seqs, specs,
+                                          self.precision)
             previous = self._last_delivery
             self._last_delivery = asyncio.create_task(
                 self._complete(batch, seqs, future, previous), name="poolwire-deliver")
