@@ -29,6 +29,6 @@ class Replier:
             log.warning("request %s has no reply subject; dropping its %s error",
                         request_id, error.code.value)
             return
-        body, service_headers = error_frame(request_id, error, fmt)
+        body, service_headers = error_frame(request_id, error, fmt, self.max_payload, headers)
         self.errors_sent += 1
         await self.send(subject, body, {**(headers or {}), **service_headers})
