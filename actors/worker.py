@@ -16,6 +16,7 @@ from poolwire.actors.discovery import Discovery
 from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.model import LoadedModel
+from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone_or_alike
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
 from poolwire.actors.stats import StageStats
@@ -55,6 +56,8 @@ class Worker:
         s = self.settings
         self.nc = await nats.connect(url, name=f"poolwire-{self.worker_id}",
                                      max_reconnect_attempts=-1)
+        if not s.allow_mixed_queue:
+            await self._refuse_mixed_queue()
         replier = Replier(self.nc)
         self.events = EventPublisher(self.nc, s.prefix)
         self.engine = EngineActor(self.model, replier, EngineLimits(
@@ -84,11 +87,25 @@ class Worker:
                  self.model.name, self.policy.configured,
                  ", ".join(t.value for t in self.policy.supported), s.multitask, s.prefix, s.queue)
 
+    async def _refuse_mixed_queue(self) -> None:
+        """Before taking any request: one model and task per prefix and queue group."""
+        me = Member(worker=self.worker_id, model=self.model.name,
+                    configured_task=self.policy.configured.value,
+                    prefix=self.settings.prefix, queue=self.settings.queue)
+        try:
+            await ensure_alone_or_alike(self.nc, me)
+        except QueueConflictError:
+            await self.nc.close()
+            self.nc = None
+            raise
+
     def _discovery(self, replier: Replier) -> Discovery:
         s, policy = self.settings, self.policy
         metadata = {"model": self.model.name, "configured_task": policy.configured.value,
                     "supported_tasks": ",".join(t.value for t in policy.supported),
                     "multitask": policy.multitask, "worker": self.worker_id}
+        metadata["prefix"] = s.prefix  # for another worker's one-task-per-queue check
+        metadata["queue"] = s.queue
 
         def endpoint_stats() -> dict:
             busy_ns = int(sum(self.stats.seconds.values()) * 1e9)

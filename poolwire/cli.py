@@ -61,6 +61,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
 async def serve(settings: WorkerSettings) -> int:
     from poolwire.actors.model import bundled_model_dir, load_model
     from poolwire.actors.nats_server import NatsServer
+    from poolwire.actors.queue_guard import QueueConflictError
     from poolwire.actors.task_policy import TaskConfigError
     from poolwire.actors.worker import Worker
 
@@ -88,7 +89,11 @@ async def serve(settings: WorkerSettings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await worker.start(url)
+        try:
+            await worker.start(url)
+        except QueueConflictError as exc:
+            print(f"poolwire: {exc}", file=sys.stderr)
+            return 2
         policy = worker.policy
         print(f"poolwire: serving {model.name} on {url}: subjects {settings.prefix}.<task>, "
               f"queue group {settings.queue}\n"
