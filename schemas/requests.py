@@ -28,13 +28,13 @@ class PoolingRequest(BaseModel):
     text_2: TextOrTexts | None = Field(None, description="score: second texts of the pairs")
     request_id: Annotated[StrictStr, Field(max_length=MAX_REQUEST_ID_CHARS)] | None = Field(
         None, description="echoed in every reply frame")
-    dimensions: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    dimensions: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
         None, description="Matryoshka: keep the first d dimensions, then normalise if asked")
     normalize: StrictBool | None = Field(None, description="L2-normalise the output vectors")
     use_activation: StrictBool | None = Field(
         None, description="apply softmax/sigmoid to classifier logits (default true)")
-    truncate_prompt_tokens: StrictInt | None = Field(
-        None, description="-1: truncate to the model maximum; k>0: keep at most k tokens")
+    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = \
+        Field(None, description="-1: truncate to the model maximum; k>0: keep at most k tokens")
     truncation_side: Literal["right", "left"] = Field("right", description="which end is cut")
     encoding_format: Literal["float", "binary"] = Field("float", description="item encoding")
     embed_dtype: Literal["float32", "float16", "bfloat16"] = Field(

@@ -31,8 +31,11 @@ def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
     """A short, single-line, encodable quotation of a client's value: at most about `limit`
     characters, and `...(N chars)` saying how much was left out."""
     if isinstance(value, (str, bytes, bytearray)):
-        shown = repr(value[:limit])  # repr escapes lone surrogates and control characters
-        return shown if len(value) <= limit else f"{shown}...({len(value)} {_unit(value)})"
+        # repr escapes lone surrogates and control characters, up to 4 characters each.
+        shown = repr(value[:limit])
+        if len(value) <= limit and len(shown) <= limit + 3:
+            return shown
+        return f"{shown[:limit]}...({len(value)} {_unit(value)})"
     try:
         shown = _repr.repr(value)
     except (ValueError, RecursionError):  # e.g. an int past Python's 4300-digit str limit
