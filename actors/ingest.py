@@ -8,12 +8,14 @@ import time
 import uuid
 
 from poolwire.actors.messages import Incoming
+from poolwire.actors.metrics import WorkerMetrics
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Actor, MailboxFull
 from poolwire.actors.stats import StageStats
 from poolwire.schemas.codec import decode, sniff_format
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.requests import request_id_of
+from poolwire.schemas.tasks import parse_task
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +28,11 @@ class IngestActor(Actor):
     name = "ingest"
 
     def __init__(self, nc, prefix: str, queue: str, validator: Actor, replier: Replier,
-                 stats: StageStats | None = None, mailbox_size: int = 65536) -> None:
+                 stats: StageStats | None = None, mailbox_size: int = 65536,
+                 metrics: WorkerMetrics | None = None) -> None:
         super().__init__(mailbox_size)
         self.stats = stats or StageStats()
+        self._metrics = metrics
         self._nc = nc
         self.prefix = prefix
         self.queue = queue
@@ -63,6 +67,9 @@ class IngestActor(Actor):
     async def receive(self, message) -> None:
         msg, received_at = message
         task_name = msg.subject[len(self.prefix) + 1:]
+        if self._metrics is not None:
+            # Any name may arrive on P.*: only task names become label values.
+            self._metrics.requests.labels(task_name if parse_task(task_name) else "unknown").inc()
         try:
             with self.stats.timed("decode"):
                 body, fmt = decode(msg.data)

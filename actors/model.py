@@ -120,6 +120,10 @@ class LoadedModel:
         return next(self.module.parameters()).device
 
     @property
+    def dtype(self) -> torch.dtype:
+        return next(self.module.parameters()).dtype
+
+    @property
     def num_labels(self) -> int:
         return len(self.id2label)
 

@@ -4,19 +4,15 @@ so two such workers would each refuse or mis-serve part of every client's reques
 21 of 40 embed requests refused, 15 of 40 token_embed requests answered with deprecation
 warnings, and nothing told anyone).
 
-`conflicts` decides (pure); `discover_workers` asks the running workers through discovery
+`conflicts` decides (pure); `ensure_alone_or_alike` asks the running workers through discovery
 ($SRV.INFO.poolwire, which every worker answers, NATS.md section 3)."""
 
-import asyncio
-import json
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from poolwire.actors.discovery import SERVICE_NAME
-
-log = logging.getLogger(__name__)
+from poolwire.operators import collect_answers
 
 
 class QueueConflictError(Exception):
@@ -68,39 +64,14 @@ def conflict_message(me: Member, others: list[Member]) -> str:
             f"(POOLWIRE_ALLOW_MIXED_QUEUE=true) to start anyway")
 
 
-async def discover_workers(nc, idle_s: float = 0.25, limit_s: float = 3.0) -> list[dict]:
-    """Every INFO answer from the poolwire workers on this NATS: publish with a reply inbox and
-    read until no answer came for `idle_s` (nc.request would return only the first). With no
-    worker at all, the server's no-responders status ends the wait at once."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    answers: list[dict] = []
-    deadline = asyncio.get_running_loop().time() + limit_s
-    try:
-        await nc.publish(f"$SRV.INFO.{SERVICE_NAME}", b"", reply=inbox)
-        while True:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                return answers
-            try:
-                msg = await sub.next_msg(timeout=min(idle_s, left))
-            except asyncio.TimeoutError:
-                return answers  # quiet for idle_s: every worker has answered
-            if msg.headers and msg.headers.get("Status") == "503":
-                return answers  # no responders: no poolwire worker on this server
-            try:
-                answers.append(json.loads(msg.data))
-            except ValueError:
-                log.warning("ignoring an INFO answer that is not JSON: %r", msg.data[:80])
-    finally:
-        await sub.unsubscribe()
-
-
 async def ensure_alone_or_alike(nc, me: Member) -> None:
     """Raise QueueConflictError naming every worker that would share my queue group while
     serving another model or task. Two workers starting at the same instant can both pass:
     this guards against the common mistake, not against a race."""
-    members = [m for m in map(member_from_info, await discover_workers(nc)) if m is not None]
+    # Quiet for 0.25 s after an answer: every worker has spoken (they answer within
+    # milliseconds); with no worker at all the no-responders status ends the wait at once.
+    answers = await collect_answers(nc, f"$SRV.INFO.{SERVICE_NAME}", idle=0.25, first=2.0)
+    members = [m for m in map(member_from_info, answers) if m is not None]
     found = conflicts(me, members)
     if found:
         raise QueueConflictError(conflict_message(me, found))

@@ -3,6 +3,7 @@
 import logging
 
 from poolwire.actors.framing import error_frame
+from poolwire.actors.metrics import WorkerMetrics
 from poolwire.schemas.codec import WireFormat
 from poolwire.schemas.errors import PoolingError
 
@@ -10,9 +11,11 @@ log = logging.getLogger(__name__)
 
 
 class Replier:
-    def __init__(self, nc) -> None:
+    def __init__(self, nc, metrics: WorkerMetrics | None = None) -> None:
         self._nc = nc
+        self._metrics = metrics
         self.errors_sent = 0
+        self.last_error = ""  # "<code>: <message>" of the latest error reply, for $SRV.STATS
 
     @property
     def max_payload(self) -> int:
@@ -31,4 +34,7 @@ class Replier:
             return
         body, service_headers = error_frame(request_id, error, fmt, self.max_payload, headers)
         self.errors_sent += 1
+        self.last_error = f"{error.code.value}: {service_headers['Nats-Service-Error']}"
+        if self._metrics is not None:
+            self._metrics.errors.labels(error.code.value).inc()
         await self.send(subject, body, {**(headers or {}), **service_headers})

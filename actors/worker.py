@@ -15,6 +15,7 @@ from poolwire.actors.engine import EngineActor, EngineLimits
 from poolwire.actors.discovery import Discovery
 from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
+from poolwire.actors.metrics import QueueGauges, WorkerMetrics
 from poolwire.actors.model import LoadedModel
 from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone_or_alike
 from poolwire.actors.replier import Replier
@@ -44,6 +45,8 @@ class Worker:
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = StageStats()
+        self.metrics = WorkerMetrics()
+        self.metrics_port: int | None = None  # bound port of the metrics server, when serving
         self.discovery: Discovery | None = None
         self.nc = None
         self.supervisor = Supervisor()
@@ -58,17 +61,18 @@ class Worker:
                                      max_reconnect_attempts=-1)
         if not s.allow_mixed_queue:
             await self._refuse_mixed_queue()
-        replier = Replier(self.nc)
-        self.events = EventPublisher(self.nc, s.prefix)
+        replier = Replier(self.nc, self.metrics)
+        self.events = EventPublisher(self.nc, s.prefix, self.metrics)
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms, max_added_padding=s.max_added_padding,
             max_queued_tokens=s.max_queued_tokens), self.events,
-            self.stats)
+            self.stats, metrics=self.metrics)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length, self.model.hidden_size),
             self.engine, replier, self.worker_id, self.stats)
-        self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier, self.stats)
+        self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier, self.stats,
+                                  metrics=self.metrics)
         # Subscribe before creating the events stream, and start the actors only once it exists:
         # requests that arrive meanwhile wait in the ingest mailbox, so every deprecation event
         # is kept. The other order (stream first) made nats-server 2.15 answer no-responders to
@@ -82,6 +86,7 @@ class Worker:
                                    on_restart=self.engine.on_restart)
         self.discovery = self._discovery(replier)
         await self.discovery.start()
+        self._start_metrics()
         await self.nc.flush()  # subscriptions reach the server before we say we are ready
         log.info("serving %s (task %s, supported %s, multitask %s) on %s.* queue %s",
                  self.model.name, self.policy.configured,
@@ -99,19 +104,38 @@ class Worker:
             self.nc = None
             raise
 
+    def describe(self) -> dict[str, str]:
+        """What this worker serves and how: discovery metadata and the metrics' info labels.
+        Every value is a string (micro v1), and none is a credential."""
+        s, policy, model = self.settings, self.policy, self.model
+        return {"model": model.name, "configured_task": policy.configured.value,
+                "supported_tasks": ",".join(t.value for t in policy.supported),
+                "multitask": policy.multitask, "worker": self.worker_id,
+                "prefix": s.prefix, "queue": s.queue,
+                "embedding_size": str(model.hidden_size), "max_length": str(model.max_length),
+                "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device)}
+
+    def _start_metrics(self) -> None:
+        engine = self.engine
+        self.metrics.describe(**self.describe(), version=__version__)
+        self.metrics.watch(QueueGauges(queued_items=lambda: engine.queued_items,
+                                       queued_tokens=lambda: engine.queued_tokens,
+                                       stage_seconds=lambda: dict(self.stats.seconds)))
+        if self.settings.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(self.settings.metrics_port,
+                                                   self.settings.metrics_host)
+            log.info("metrics at http://%s:%d/metrics", self.settings.metrics_host,
+                     self.metrics_port)
+
     def _discovery(self, replier: Replier) -> Discovery:
-        s, policy = self.settings, self.policy
-        metadata = {"model": self.model.name, "configured_task": policy.configured.value,
-                    "supported_tasks": ",".join(t.value for t in policy.supported),
-                    "multitask": policy.multitask, "worker": self.worker_id}
-        metadata["prefix"] = s.prefix  # for another worker's one-task-per-queue check
-        metadata["queue"] = s.queue
+        s = self.settings
+        metadata = self.describe()
 
         def endpoint_stats() -> dict:
             busy_ns = int(sum(self.stats.seconds.values()) * 1e9)
             requests = self.ingest.received if self.ingest else 0
             return {"num_requests": requests, "num_errors": replier.errors_sent,
-                    "last_error": "", "processing_time": busy_ns,
+                    "last_error": replier.last_error, "processing_time": busy_ns,
                     "average_processing_time": busy_ns // requests if requests else 0,
                     "data": self.stats.snapshot()}
 
@@ -144,6 +168,7 @@ class Worker:
         if self.backlog:
             log.warning("drain timed out with %d messages still in flight", self.backlog)
         await self.supervisor.stop()
+        self.metrics.close()
         if self.engine is not None:
             await self.engine.close()
         try:

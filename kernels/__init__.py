@@ -2,25 +2,30 @@
 
 `seq_pool`, `token_pool` and `activation` dispatch per call (see `dispatch`): Triton on CUDA,
 the PyTorch reference on CPU, or the Triton interpreter on CPU when TRITON_INTERPRET=1 was set
-before this package was first imported. The `*_triton` and `*_reference` variants run one side
-directly, for tests and benchmarks.
+before this package was first imported. Without Triton installed (`TRITON_AVAILABLE` false) the
+references run everywhere. The `*_reference` variants, and where Triton is installed the
+`*_triton` ones, run one side directly, for tests and benchmarks.
 """
 
-from .activation_kernel import activation_triton
-from .dispatch import activation, backend_for, seq_pool, token_pool
+from .dispatch import (TRITON_AVAILABLE, activation, backend_for, describe_backend, seq_pool,
+                       token_pool)
 from .reference import activation_reference, seq_pool_reference, token_pool_reference
-from .seq_pool_kernel import seq_pool_triton
-from .token_pool_kernel import token_pool_triton
 
 __all__ = [
+    "TRITON_AVAILABLE",
     "activation",
     "activation_reference",
-    "activation_triton",
     "backend_for",
+    "describe_backend",
     "seq_pool",
     "seq_pool_reference",
-    "seq_pool_triton",
     "token_pool",
     "token_pool_reference",
-    "token_pool_triton",
 ]
+
+if TRITON_AVAILABLE:
+    from .activation_kernel import activation_triton
+    from .seq_pool_kernel import seq_pool_triton
+    from .token_pool_kernel import token_pool_triton
+
+    __all__ += ["activation_triton", "seq_pool_triton", "token_pool_triton"]

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgpack
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
@@ -53,17 +52,39 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
     p = sub.add_parser("bench", add_help=False,
                        help="in-process Sentence-Transformers vs a poolwire worker over NATS "
                             "(options: poolwire bench --help)")
-    p = _client_parser(sub, "events", "print deprecation events as JSON lines")
-    p.add_argument("--count", type=int, default=0, help="stop after this many (0: run until Ctrl-C)")
+    _operator_parsers(sub)
     return parser, serve_options
 
 
+def _operator_parsers(sub) -> None:
+    def connected(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+        return p
+
+    p = connected("events", "print deprecation events as JSON lines: stored ones first with "
+                            "--all or --since, then new ones")
+    p.add_argument("--prefix", default=os.environ.get("POOLWIRE_PREFIX", "pooling"))
+    replay = p.add_mutually_exclusive_group()
+    replay.add_argument("--all", action="store_true", help="replay every stored event first")
+    replay.add_argument("--since", help="replay stored events from this time (RFC 3339) or age "
+                                        "(90s, 10m, 2h, 1d) first")
+    p.add_argument("--count", type=int, default=0, help="stop after this many (0: no limit)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop after this many seconds without an event (default: follow until Ctrl-C)")
+    p = connected("stats", "print every worker's $SRV.STATS as a table")
+    p.add_argument("--prefix", default=None, help="only the workers of this subject prefix")
+    p.add_argument("--json", action="store_true", help="print the raw STATS answers as JSON")
+
+
 async def serve(settings: WorkerSettings) -> int:
+    from poolwire import kernels
     from poolwire.actors.model import bundled_model_dir, load_model
     from poolwire.actors.nats_server import NatsServer
     from poolwire.actors.queue_guard import QueueConflictError
     from poolwire.actors.task_policy import TaskConfigError
     from poolwire.actors.worker import Worker
+    from poolwire.operators import try_hint
 
     try:
         model = load_model(settings.model or bundled_model_dir(), settings.model_name,
@@ -99,8 +120,8 @@ async def serve(settings: WorkerSettings) -> int:
               f"queue group {settings.queue}\n"
               f"poolwire: configured task {policy.configured}; supported tasks "
               f"{', '.join(t.value for t in policy.supported)}; multitask {policy.multitask}\n"
-              f"poolwire: try  poolwire embed \"hello world\"   or   "
-              f"nats req {settings.prefix}.{policy.configured} '{{\"input\": \"hello\"}}'\n"
+              f"poolwire: pooling kernels: {kernels.describe_backend(model.device)}\n"
+              f"poolwire: try  {try_hint(policy.configured.value, settings.prefix, url)}\n"
               f"poolwire: Ctrl-C drains in-flight requests and stops", flush=True)
         await stop.wait()
         print("poolwire: draining...", flush=True)
@@ -130,20 +151,28 @@ async def client_command(args) -> int:
     return 0
 
 
-async def tail_events(args) -> int:
+async def operator_command(args) -> int:
+    from datetime import datetime, timezone
+
     import nats
 
+    from poolwire import operators
+
+    since = None
+    if getattr(args, "since", None):
+        try:
+            since = operators.parse_since(args.since, datetime.now(timezone.utc))
+        except ValueError as exc:
+            print(f"poolwire: {exc}", file=sys.stderr)
+            return 2
     nc = await nats.connect(args.nats_url)
-    sub = await nc.subscribe(f"{args.prefix}.events.deprecation")
-    seen = 0
     try:
-        while not args.count or seen < args.count:
-            msg = await sub.next_msg(timeout=None)
-            print(json.dumps(msgpack.unpackb(msg.data, raw=False)), flush=True)
-            seen += 1
+        if args.command == "stats":
+            return await operators.show_stats(nc, args.prefix, args.json)
+        return await operators.tail_events(nc, args.prefix, "all" if args.all else None, since,
+                                           args.count, args.timeout)
     finally:
         await nc.close()
-    return 0
 
 
 def run_benchmark(argv: list[str]) -> int:
@@ -172,9 +201,9 @@ def main(argv=None) -> int:
             print(f"poolwire: {exc}", file=sys.stderr)
             return 2
         return asyncio.run(serve(settings))
-    if args.command == "events":
+    if args.command in ("events", "stats"):
         try:
-            return asyncio.run(tail_events(args))
+            return asyncio.run(operator_command(args))
         except KeyboardInterrupt:
             return 0
     return asyncio.run(client_command(args))

@@ -54,6 +54,11 @@ class WorkerSettings(BaseSettings):
         16, ge=0, description="an item joins a batch only if it adds at most this many padding tokens")
     max_queued_tokens: int = Field(262144, ge=1, description="admission bound; past it: overloaded")
     drain_timeout_s: float = Field(30.0, gt=0, description="how long a drain waits for in-flight work")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port); none: off")
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the metrics server binds (0.0.0.0 in a container)")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings,

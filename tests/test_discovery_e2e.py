@@ -1,28 +1,14 @@
 """Discovery: each worker answers $SRV.PING / INFO / STATS as a micro service named poolwire,
 and STATS shows where its time goes."""
 
-import asyncio
 import json
 
 import msgpack
 import pytest
 
+from poolwire.operators import collect_answers
+
 pytestmark = pytest.mark.timeout(60)
-
-
-async def gather_answers(nc, subject: str, idle: float = 0.3) -> list[dict]:
-    """Every worker answers; collect until no answer came for `idle` seconds (NATS.md 3)."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    await nc.publish(subject, b"", reply=inbox)
-    answers = []
-    try:
-        while True:
-            answers.append(json.loads((await sub.next_msg(timeout=idle)).data))
-    except asyncio.TimeoutError:
-        return answers  # no answer for `idle` seconds: every worker has spoken
-    finally:
-        await sub.unsubscribe()
 
 
 async def test_ping_info_and_stats_of_two_workers(minilm, start_worker, nc, prefix):
@@ -30,7 +16,7 @@ async def test_ping_info_and_stats_of_two_workers(minilm, start_worker, nc, pref
         for i in range(6):
             await nc.request(f"{prefix}.embed", msgpack.packb({"input": f"text {i}"}), timeout=30)
         await nc.request(f"{prefix}.embed", b"\x00", timeout=30)
-        pings = [a for a in await gather_answers(nc, "$SRV.PING.poolwire")
+        pings = [a for a in await collect_answers(nc, "$SRV.PING.poolwire")
                  if a["id"] in (first.discovery.id, second.discovery.id)]
         info = await nc.request(f"$SRV.INFO.poolwire.{first.discovery.id}", b"", timeout=5)
         stats = [json.loads((await nc.request(f"$SRV.STATS.poolwire.{w.discovery.id}", b"", timeout=5)).data)
@@ -41,11 +27,18 @@ async def test_ping_info_and_stats_of_two_workers(minilm, start_worker, nc, pref
     assert meta[first.discovery.id]["model"] == "all-MiniLM-L6-v2"
     assert meta[first.discovery.id]["configured_task"] == "embed"
     assert meta[first.discovery.id]["supported_tasks"] == "embed,token_embed,score"
+    assert {k: meta[first.discovery.id][k] for k in
+            ("prefix", "queue", "embedding_size", "max_length", "dtype", "device")} == {
+        "prefix": prefix, "queue": "poolwire", "embedding_size": "384", "max_length": "256",
+        "dtype": "float32", "device": "cpu"}
     info = json.loads(info.data)
     assert info["endpoints"][0]["subject"] == f"{prefix}.*" and info["endpoints"][0]["queue_group"] == "poolwire"
     # The queue group shares the 7 requests (plus the fixtures' readiness probes) between both.
     assert sum(s["endpoints"][0]["num_requests"] for s in stats) >= 7
     assert sum(s["endpoints"][0]["num_errors"] for s in stats) >= 1
+    # The worker that answered the non-map body says what its last error was.
+    assert any(s["endpoints"][0]["last_error"] == "invalid_request: the body must be a map, got a int"
+               for s in stats)
     data = [s["endpoints"][0]["data"] for s in stats]
     assert sum(d["sequences"] for d in data) == 6
     for d in data:

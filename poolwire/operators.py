@@ -1,0 +1,145 @@
+"""The operator's commands: `poolwire stats` (every worker's $SRV.STATS as a table) and
+`poolwire events` (stored deprecation events replayed, then new ones followed), and the
+start-up hint a worker prints. The formatting and parsing pieces are pure and tested alone."""
+
+import asyncio
+import json
+import re
+import shlex
+import sys
+from datetime import datetime, timedelta, timezone
+
+import msgpack
+
+SERVICE_NAME = "poolwire"  # the workers' NATS micro service name (actors/discovery.py)
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """`--since`: an RFC 3339 time (`2026-11-30T10:00:00Z`) or an age (`90s`, `10m`, `2h`, `1d`)."""
+    if match := _DURATION.match(text.strip()):
+        return now - timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--since {text!r}: give an RFC 3339 time such as "
+                         f"2026-11-30T10:00:00Z or an age such as 90s, 10m, 2h, 1d") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def try_hint(task: str, prefix: str, url: str) -> str:
+    """A first request the worker will serve, with its real prefix and server URL."""
+    body = {"token_classify": {"input": "Ada Lovelace was born in London"},
+            "classify": {"input": "what a wonderful day"}}.get(task, {"input": "hello world"})
+    raw = f"nats --server {shlex.quote(url)} req {prefix}.{task} {shlex.quote(json.dumps(body))}"
+    common = f"--nats-url {shlex.quote(url)} --prefix {shlex.quote(prefix)}"
+    if task in ("embed", "classify"):
+        return f"poolwire {task} {common} {shlex.quote(body['input'])}   or   {raw}"
+    return raw
+
+
+STATS_COLUMNS = ("worker", "model", "task", "requests", "errors", "batches", "batch size",
+                 "padding", "forward s", "last error")
+
+
+def stats_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str, ...]]:
+    """One row per worker from $SRV.STATS answers, sorted by worker; `prefix` keeps one
+    deployment's workers."""
+    rows = []
+    for answer in answers:
+        meta = answer.get("metadata") or {}
+        if prefix is not None and meta.get("prefix") != prefix:
+            continue
+        for endpoint in answer.get("endpoints") or []:
+            data = endpoint.get("data") or {}
+            rows.append((
+                meta.get("worker", answer.get("id", "?")), meta.get("model", "?"),
+                meta.get("configured_task", "?"), str(endpoint.get("num_requests", 0)),
+                str(endpoint.get("num_errors", 0)), str(data.get("batches", 0)),
+                f"{data.get('mean_batch_size', 0):.1f}", f"{data.get('padding_waste', 0):.0%}",
+                f"{(data.get('seconds') or {}).get('forward', 0):.1f}",
+                endpoint.get("last_error") or "-"))
+    return sorted(rows)
+
+
+def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip()
+             for line in (header, *rows)]
+    return "\n".join(lines)
+
+
+async def collect_answers(nc, subject: str, idle: float = 0.5, first: float = 2.0) -> list[dict]:
+    """Publish once and gather every answer until none came for `idle` seconds: each worker
+    answers discovery on its own, and nc.request would keep only the first (NATS.md 3)."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(subject, b"", reply=inbox)
+    answers = []
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=idle if answers else first)
+            if not msg.data:  # the server's no-responders status (503): nobody is there
+                return answers
+            answers.append(json.loads(msg.data))
+    except asyncio.TimeoutError:
+        return answers
+    finally:
+        await sub.unsubscribe()
+
+
+async def show_stats(nc, prefix: str | None, as_json: bool) -> int:
+    answers = await collect_answers(nc, f"$SRV.STATS.{SERVICE_NAME}")
+    if as_json:
+        print(json.dumps(answers))
+        return 0
+    rows = stats_rows(answers, prefix)
+    if not rows:
+        print(f"poolwire: no worker answered $SRV.STATS.{SERVICE_NAME}"
+              + (f" for prefix {prefix}" if prefix else ""), file=sys.stderr)
+        return 1
+    print(format_table(STATS_COLUMNS, rows))
+    return 0
+
+
+async def tail_events(nc, prefix: str, replay: str | None, since: datetime | None,
+                      count: int, idle_timeout: float | None) -> int:
+    """Print deprecation events as JSON lines: stored ones first when asked (`replay` "all", or
+    `since`), then new ones. Stops after `count` events, or `idle_timeout` seconds without one."""
+    subject = f"{prefix}.events.deprecation"
+    if replay or since:
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+        from nats.js.errors import NotFoundError
+
+        js = nc.jetstream()
+        try:
+            await js.find_stream_name_by_subject(subject)
+        except NotFoundError:
+            print(f"poolwire: no stream keeps {subject}; showing new events only", file=sys.stderr)
+            sub = await nc.subscribe(subject)
+        else:
+            # An ordered consumer: ephemeral, in stream order, and restarted by nats-py itself
+            # after a gap, so a replay neither skips nor repeats events.
+            if since is None:
+                config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+            else:
+                start = since.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+                config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
+                                        opt_start_time=start)
+            sub = await js.subscribe(subject, ordered_consumer=True, config=config)
+    else:
+        sub = await nc.subscribe(subject)
+    seen = 0
+    try:
+        while not count or seen < count:
+            try:
+                msg = await sub.next_msg(timeout=idle_timeout)
+            except asyncio.TimeoutError:
+                return 0
+            print(json.dumps(msgpack.unpackb(msg.data, raw=False)), flush=True)
+            seen += 1
+    finally:
+        await sub.unsubscribe()
+    return 0
