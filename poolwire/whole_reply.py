@@ -12,8 +12,6 @@ from typing import Any
 
 import msgpack
 
-# Keys whose lists hold one entry per item, by task: what a big request is split along.
-_ITEM_KEYS = {"score": ("text_1", "text_2")}
 # Room left in each part for the keys that are not items (and MessagePack's framing).
 _PART_MARGIN = 4096
 
@@ -26,7 +24,7 @@ def _item_lists(task: str, body: dict[str, Any]) -> dict[str, list] | None:
     """The per-item lists of a body, or None when it has a single item (which cannot be split).
     For score, a lone text (or a list of one) pairs with every text of the other side."""
     if task == "score":
-        lists = {k: body[k] for k in _ITEM_KEYS["score"]
+        lists = {k: body[k] for k in ("text_1", "text_2")
                  if isinstance(body.get(k), list) and len(body[k]) > 1}
         return lists or None
     value = body.get("input")
