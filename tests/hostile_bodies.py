@@ -95,6 +95,12 @@ def lone_surrogates(rng: random.Random) -> bytes:
         body["dimensions"] = "8"
     else:
         body = {"text_1": text, "text_2": ["a", "b"]}
+    if rng.random() < 0.2:
+        # The surrogate encoded as raw UTF-8-like bytes (what a careless encoder writes), which
+        # no strict UTF-8 decoder accepts, in either encoding.
+        raw = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        return raw if rng.random() < 0.5 else msgpack.packb(
+            {k: v for k, v in body.items()}, use_bin_type=True, unicode_errors="surrogatepass")
     return json.dumps(body).encode()  # ensure_ascii writes them as \ud800 escapes
 
 

@@ -77,6 +77,19 @@ def test_a_lone_surrogate_is_invalid_request_where_it_is(body, field):
     assert "\\ud" in frame["error"]["message"]
 
 
+@pytest.mark.parametrize("body", [
+    '{"input": "\ud800"}'.encode("utf-8", "surrogatepass"),
+    msgpack.packb({"input": "\ud800"}, unicode_errors="surrogatepass"),
+])
+def test_a_surrogate_as_raw_bytes_is_invalid_in_either_encoding(body):
+    # msgpack's strict UTF-8 refuses the bytes; json.loads decodes bytes with surrogatepass,
+    # so the body check catches the surrogate it lets through.
+    err = judge(Task.EMBED, body)
+    assert err.code is ErrorCode.INVALID_REQUEST
+    assert "undecodable msgpack" in err.message or "not valid Unicode" in err.message
+    assert_frame_fits(err, body)
+
+
 @pytest.mark.parametrize("depth", [MAX_DEPTH, 990, 1500, 100_000])
 @pytest.mark.parametrize("encoding", ["msgpack list", "msgpack map", "json list", "json map"])
 def test_nesting_past_the_bound_is_invalid_request_not_a_recursion_error(depth, encoding):
