@@ -94,3 +94,17 @@ async def test_ten_thousand_hostile_bodies_are_each_answered_with_a_well_formed_
     assert failures == {"ingest": 0, "validator": 0, "engine": 0} and restarts == {}
     np.testing.assert_allclose(after, before, rtol=0, atol=1e-6)
     assert rss_after - rss_before < RSS_GROWTH_BOUND_MIB
+
+
+@pytest.mark.timeout(120)
+async def test_hostile_bodies_without_a_reply_subject_are_dropped_and_warned_about_once(
+        minilm, start_worker, nc, prefix, caplog):
+    async with start_worker(minilm):
+        for _, subject, body in hb.generate(500, seed=11):
+            await nc.publish(f"{prefix}.{subject}", body)
+        # Answered after all 500: the worker takes its requests in order.
+        msg = await nc.request(f"{prefix}.embed", msgpack.packb({"input": "still fine"}), timeout=60)
+    assert len(msgpack.unpackb(msg.data)["data"][0]["data"]) == 384
+    warned = [r for r in caplog.records
+              if "no reply subject" in r.getMessage() and r.levelname == "WARNING"]
+    assert len(warned) == 1
