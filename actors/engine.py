@@ -285,7 +285,8 @@ class EngineActor(Actor):
         for index, value in items:
             with self.stats.timed("encode"):
                 bodies = item_frames(job.request_id, index, np.asarray(value), flight.style,
-                                     token_level, self._replier.max_payload, job.headers)
+                                     token_level, self._replier.max_payload, job.headers,
+                                     flight.plan.extras(index, value))
             for body in bodies:
                 await self._publish(job, body)
 
@@ -308,7 +309,8 @@ class EngineActor(Actor):
                                   plan.prompt_tokens, flight.style, warnings, labels)
         else:
             with self.stats.timed("encode"):
-                wire = [wire_item(i, np.asarray(v), flight.style) for i, v in items]
+                wire = [wire_item(i, np.asarray(v), flight.style, extras=plan.extras(i, v))
+                        for i, v in items]
                 body = one_reply(job.request_id, self.model.name, job.task.value, wire,
                                  plan.prompt_tokens, flight.style, self._replier.max_payload,
                                  job.headers, warnings, labels)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from poolwire import kernels
-from poolwire.actors.model import LoadedModel, ModelKind
+from poolwire.actors.model import LoadedModel
 from poolwire.actors.task_heads import Forward, PoolSpec
 from poolwire.actors.tokenizing import TokenSeq
 
@@ -30,15 +30,6 @@ def pad_batch(seqs: list[TokenSeq], pad_id: int):
 
 def _split_rows(packed: torch.Tensor, lengths: torch.Tensor) -> list[np.ndarray]:
     return [t.numpy() for t in torch.split(packed.cpu(), lengths.tolist())]
-
-
-def _token_logits(model: LoadedModel, ids, mask, types) -> torch.Tensor:
-    """[B, T, labels]: a token classifier's own logits, or a sequence classifier's head
-    applied to every token's hidden state (vLLM's token_classify on a classifier model)."""
-    if model.kind == ModelKind.TOKEN_CLASSIFICATION:
-        return model.head_logits(ids, mask, types)
-    hidden = model.encoder_hidden(ids, mask, types)
-    return model.module.classifier(hidden)
 
 
 @dataclass(frozen=True)
@@ -63,7 +54,7 @@ def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -
         elif forward == Forward.SEQ_LOGITS:
             out = model.head_logits(ids, mask, types)            # [B, labels]
         else:
-            out = _token_logits(model, ids, mask, types)        # [B, T, labels]
+            out = model.token_logits(ids, mask, types)          # [B, T, labels]
         forwarded = time.perf_counter()
         results: list[np.ndarray | None] = [None] * len(seqs)
         groups: dict[PoolSpec, list[int]] = defaultdict(list)
@@ -75,18 +66,29 @@ def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec]) -
             else:
                 index = torch.tensor(rows)
                 part, part_len = out.index_select(0, index), lengths.index_select(0, index)
-            for row, value in zip(rows, _pool(spec, part, part_len)):
+            for row, value in zip(rows, _pool(model, spec, part, part_len)):
                 results[row] = value
     return BatchResult(results, forwarded - started, time.perf_counter() - forwarded)  # type: ignore[arg-type]
 
 
-def _pool(spec: PoolSpec, out: torch.Tensor, lengths: torch.Tensor) -> list[np.ndarray]:
+def _pool(model: LoadedModel, spec: PoolSpec, out: torch.Tensor,
+          lengths: torch.Tensor) -> list[np.ndarray]:
     if spec.forward == Forward.HIDDEN and not spec.token_level:
-        pooled = kernels.seq_pool(out, lengths, spec.method, normalize=spec.normalize,
-                                  dimensions=spec.dimensions)
+        if model.dense is None:
+            pooled = kernels.seq_pool(out, lengths, spec.method, normalize=spec.normalize,
+                                      dimensions=spec.dimensions)
+        else:
+            # Dense modules come after pooling and before truncation and normalisation
+            # (Sentence-Transformers' module order); the projected vectors go through the
+            # same kernel as a batch of one-token sequences, so cut and norm stay fused.
+            projected = model.project(kernels.seq_pool(out, lengths, spec.method))  # [B, D]
+            pooled = kernels.seq_pool(projected[:, None, :], torch.ones_like(lengths), "cls",
+                                      normalize=spec.normalize, dimensions=spec.dimensions)
         return list(pooled.cpu().numpy())
     if spec.forward == Forward.HIDDEN:
-        rows = kernels.token_pool(out, lengths, normalize=spec.normalize, dimensions=spec.dimensions)
+        # vLLM applies the Dense projection to token_embed rows too.
+        rows = kernels.token_pool(model.project(out), lengths, normalize=spec.normalize,
+                                  dimensions=spec.dimensions)
         return _split_rows(rows, lengths)
     if spec.forward == Forward.SEQ_LOGITS:
         scores = kernels.activation(out.float(), spec.activation)   # [B, labels]

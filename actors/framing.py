@@ -36,8 +36,9 @@ def _bfloat16_bytes(values: np.ndarray) -> bytes:
 
 
 def wire_item(index: int, values: np.ndarray, style: ReplyStyle,
-              offset: int | None = None) -> dict[str, Any]:
-    """One item (or a slice of token rows) as PROTOCOL.md shapes it."""
+              offset: int | None = None, extras: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One item (or a slice of token rows) as PROTOCOL.md shapes it; `extras` (tokens,
+    offsets, entities) are added as they are."""
     item: dict[str, Any] = {"index": index}
     if style.binary:
         if style.dtype == "bfloat16":
@@ -49,7 +50,20 @@ def wire_item(index: int, values: np.ndarray, style: ReplyStyle,
         item["data"] = values.item() if values.ndim == 0 else values.tolist()
     if offset is not None:
         item["offset"] = offset
+    if extras:
+        item.update(extras)
     return item
+
+
+def _rows_extras(extras: dict[str, Any] | None, offset: int, count: int) -> dict[str, Any] | None:
+    """The part of an item's extras that goes with token rows [offset, offset + count): the
+    tokens and offsets of those rows, and the entities with the first frame."""
+    if not extras:
+        return None
+    part = {k: v[offset:offset + count] for k, v in extras.items() if k in ("tokens", "offsets")}
+    if offset == 0 and "entities" in extras:
+        part["entities"] = extras["entities"]
+    return part
 
 
 def one_reply(request_id: str, model: str, task: str, items: list[dict[str, Any]],
@@ -72,13 +86,16 @@ def one_reply(request_id: str, model: str, task: str, items: list[dict[str, Any]
 
 def item_frames(request_id: str, index: int, values: np.ndarray, style: ReplyStyle,
                 token_level: bool, max_payload: int,
-                headers: dict[str, str] | None = None) -> list[bytes]:
+                headers: dict[str, str] | None = None,
+                extras: dict[str, Any] | None = None) -> list[bytes]:
     """Streamed frames for one item. Token-level items always carry `offset` and are split into
     as many frames of whole token rows as needed; any other item must fit in one frame."""
     limit = max_payload - header_bytes(headers)
 
     def frame(rows: np.ndarray, offset: int | None) -> bytes:
-        return encode({"request_id": request_id, **wire_item(index, rows, style, offset)}, style.fmt)
+        part = _rows_extras(extras, offset or 0, len(rows)) if token_level else extras
+        return encode({"request_id": request_id, **wire_item(index, rows, style, offset, part)},
+                      style.fmt)
 
     if not token_level:
         body = frame(values, None)

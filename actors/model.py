@@ -1,15 +1,23 @@
-"""Model loading from a local folder: which transformers class, which pooling, which length.
+"""Model loading from a local folder or the Hugging Face cache: which transformers class,
+which pooling, which length, which head and activation.
 
 Only the EngineActor calls into a loaded model (DESIGN.md); this module decides how the folder
-is read and exposes the forward passes the engine needs."""
+is read and exposes the forward passes the engine needs. Sentence-Transformers files are read
+by `st_folder`, hub ids resolved by `model_source`."""
 
-import json
+import functools
+import inspect
 import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from poolwire.actors.model_source import LOCAL_REVISION, resolve_model_source
+from poolwire.actors.per_token_head import TokenHead, per_token_head
+from poolwire.actors.st_folder import (SentenceTransformersConfig,  # noqa: F401 (re-exported)
+                                       read_sentence_transformers_config)
 
 log = logging.getLogger(__name__)
 
@@ -37,56 +45,6 @@ def kind_of_architecture(architecture: str) -> str:
     return ModelKind.ENCODER
 
 
-@dataclass(frozen=True)
-class SentenceTransformersConfig:
-    """What a Sentence-Transformers folder says about pooling, normalisation and length."""
-
-    pooling_method: str = "cls"
-    normalize: bool = False
-    max_seq_length: int | None = None
-
-
-_POOLING_KEYS = {  # 1_Pooling/config.json flag -> our method name
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_lasttoken": "last",
-}
-
-
-def read_sentence_transformers_config(folder: Path) -> SentenceTransformersConfig | None:
-    """None when the folder is not a Sentence-Transformers model (no modules.json)."""
-    modules_file = folder / "modules.json"
-    if not modules_file.is_file():
-        return None
-    modules = json.loads(modules_file.read_text())
-    method, normalize = "cls", False
-    for module in modules:
-        kind = module.get("type", "")
-        if kind.endswith(".Pooling"):
-            method = _pooling_method(folder / module.get("path", ""))
-        elif kind.endswith(".Normalize"):
-            normalize = True
-    max_len = None
-    st_file = folder / "sentence_bert_config.json"
-    if st_file.is_file():
-        max_len = json.loads(st_file.read_text()).get("max_seq_length")
-    return SentenceTransformersConfig(method, normalize, max_len)
-
-
-def _pooling_method(pooling_dir: Path) -> str:
-    cfg_file = pooling_dir / "config.json"
-    if not cfg_file.is_file():
-        return "mean"  # Sentence-Transformers' own default
-    cfg = json.loads(cfg_file.read_text())
-    chosen = [name for key, name in _POOLING_KEYS.items() if cfg.get(key)]
-    unsupported = [k for k in ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                               "pooling_mode_weightedmean_tokens") if cfg.get(k)]
-    if unsupported or len(chosen) != 1:
-        raise ValueError(f"{cfg_file}: poolwire supports exactly one of cls/mean/last pooling, "
-                         f"got {chosen + unsupported or 'none'}")
-    return chosen[0]
-
-
 def max_model_length(st_max: int | None, tokenizer_max: int | None, positions: int | None) -> int:
     """PROTOCOL.md 'Lengths': ST max_seq_length, else a finite tokenizer limit, else positions."""
     if st_max:
@@ -98,6 +56,36 @@ def max_model_length(st_max: int | None, tokenizer_max: int | None, positions: i
         return int(positions)
     raise ValueError("cannot tell the model's maximum length: no max_seq_length, "
                      "model_max_length or max_position_embeddings")
+
+
+def is_decoder_only(config) -> bool:
+    """A decoder-only language model (Qwen, Llama, Mistral, ...): transformers has a causal-LM
+    class for its type and no masked-LM class, unlike BERT-like encoders which have both."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    kind = getattr(config, "model_type", None)
+    return kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+def default_pooling(st: SentenceTransformersConfig, config) -> str:
+    """The folder's Pooling module; without one, LAST for a decoder and CLS otherwise (vLLM's
+    defaults per architecture)."""
+    if st.pooling_method is not None:
+        return st.pooling_method
+    return "last" if is_decoder_only(config) else "cls"
+
+
+def activation_for(num_labels: int, problem_type: str | None, cross_encoder: str | None) -> str:
+    """PROTOCOL.md `use_activation`: what a CrossEncoder folder saved; else identity for a
+    regression head; sigmoid for one label or a multi-label problem; softmax otherwise."""
+    if cross_encoder is not None:
+        return cross_encoder
+    if problem_type == "regression":
+        return "none"
+    if num_labels == 1 or problem_type == "multi_label_classification":
+        return "sigmoid"
+    return "softmax"
 
 
 @dataclass
@@ -113,7 +101,20 @@ class LoadedModel:
     pooling_method: str
     normalize_default: bool
     id2label: dict[int, str] = field(default_factory=dict)
-    multi_label: bool = False
+    activation_kind: str = "softmax"   # classifier activation when use_activation is on
+    dense: torch.nn.Module | None = None  # Sentence-Transformers Dense modules, in order
+    embedding_size: int = 0            # after the Dense modules; hidden_size without them
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    revision: str = LOCAL_REVISION
+    token_head: TokenHead | None = None  # a sequence classifier's head applied per token
+    takes_token_types: bool = True      # the module's forward accepts token_type_ids
+    decoder: bool = False               # decoder-only (causal) language model
+
+    def __post_init__(self) -> None:
+        if not self.embedding_size:
+            self.embedding_size = self.hidden_size
 
     @property
     def device(self) -> torch.device:
@@ -134,29 +135,58 @@ class LoadedModel:
     @property
     def per_token_classifier(self) -> bool:
         """Whether a sequence classifier's head can be applied to every token (vLLM's
-        token_classify on a classifier): only when the head is a plain linear layer over
-        hidden states, as in BERT; heads that pick a token themselves (RoBERTa's) cannot."""
-        head = getattr(self.module, "classifier", None)
-        return self.kind == ModelKind.SEQUENCE_CLASSIFICATION and isinstance(head, torch.nn.Linear)
+        token_classify on a classifier); see per_token_head for the architectures."""
+        return self.kind == ModelKind.SEQUENCE_CLASSIFICATION and self.token_head is not None
 
-    @property
-    def activation_kind(self) -> str:
-        """Softmax over labels, sigmoid for one label or a multi-label problem."""
-        return "sigmoid" if self.num_labels == 1 or self.multi_label else "softmax"
+    def _inputs(self, input_ids, attention_mask, token_type_ids) -> dict:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.takes_token_types and token_type_ids is not None:
+            inputs["token_type_ids"] = token_type_ids
+        return inputs
 
     def encoder_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Last hidden states [B, T, H] of the base encoder (no task head)."""
         base = self.module if self.kind == ModelKind.ENCODER else self.module.base_model
-        out = base(input_ids=input_ids, attention_mask=attention_mask,
-                    token_type_ids=token_type_ids)
+        out = base(**self._inputs(input_ids, attention_mask, token_type_ids))
         return out.last_hidden_state
 
     def head_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The classification head's logits: [B, labels] or [B, T, labels]."""
-        return self.module(input_ids=input_ids, attention_mask=attention_mask,
-                           token_type_ids=token_type_ids).logits
+        if self.decoder and self.kind == ModelKind.SEQUENCE_CLASSIFICATION and self.token_head:
+            # A decoder classifies with its last real token (vLLM's LAST pooling). transformers
+            # finds that token through config.pad_token_id, which many decoder configs leave
+            # unset (it then refuses batches); the attention mask of our right-padded batch
+            # says it directly.
+            rows = self.token_logits(input_ids, attention_mask, token_type_ids)  # [B, T, labels]
+            last = attention_mask.sum(dim=1) - 1                                  # [B]
+            return rows[torch.arange(rows.shape[0], device=rows.device), last]
+        return self.module(**self._inputs(input_ids, attention_mask, token_type_ids)).logits
+
+    def token_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T, labels]: a token classifier's own logits, or a sequence classifier's head
+        applied to every token's hidden state (vLLM's token_classify on a classifier)."""
+        if self.kind == ModelKind.TOKEN_CLASSIFICATION:
+            return self.head_logits(input_ids, attention_mask, token_type_ids)
+        if self.token_head is None:
+            raise ValueError(f"{self.architecture} has no head poolwire can apply per token")
+        return self.token_head(self.encoder_hidden(input_ids, attention_mask, token_type_ids))
+
+    @functools.cached_property
+    def entity_grouper(self):
+        """Built on the first request that asks for entities (most deployments never do)."""
+        from poolwire.actors.entities import EntityGrouper
+
+        return EntityGrouper(self.module, self.tokenizer)
+
+    def project(self, vectors: torch.Tensor) -> torch.Tensor:
+        """The Sentence-Transformers Dense modules on pooled vectors [B, H] or token rows
+        [B, T, H], in float32 (as the modules were saved)."""
+        if self.dense is None:
+            return vectors
+        return self.dense(vectors.float())
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -174,41 +204,56 @@ def resolve_device(device: str) -> torch.device:
 
 def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
                dtype: str = "float32") -> LoadedModel:
-    """Load a model from a local folder (never a hub: HF_HUB_OFFLINE is set by the caller)
-    onto `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16)."""
+    """Load a model from a local folder, or a hub id through the Hugging Face cache, onto
+    `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16)."""
     from transformers import (AutoConfig, AutoModel, AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
 
-    path = Path(folder).resolve()
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{path} is not a model folder: it has no config.json")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    source = resolve_model_source(folder)
+    path = source.path
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     architecture = (config.architectures or [type(config).__name__])[0]
     kind = kind_of_architecture(architecture)
     loader = {ModelKind.ENCODER: AutoModel,
               ModelKind.SEQUENCE_CLASSIFICATION: AutoModelForSequenceClassification,
               ModelKind.TOKEN_CLASSIFICATION: AutoModelForTokenClassification}[kind]
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     target = resolve_device(device)
+    st = read_sentence_transformers_config(path) or SentenceTransformersConfig()
     module = loader.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype]).eval().to(target)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    st = read_sentence_transformers_config(path) or SentenceTransformersConfig()
     max_len = max_model_length(st.max_seq_length, getattr(tokenizer, "model_max_length", None),
                                getattr(config, "max_position_embeddings", None))
     id2label = {int(k): v for k, v in (config.id2label or {}).items()} if kind != ModelKind.ENCODER else {}
+    dense = None
+    if st.dense:
+        dense = torch.nn.Sequential(*(layer.module() for layer in st.dense)).eval().to(target)
+    matryoshka = getattr(config, "matryoshka_dimensions", None)
+    if name is None:
+        name = source.repo_id or (BUNDLED_MODEL_NAME if path == bundled_model_dir().resolve()
+                                  else path.name)
     model = LoadedModel(
-        name=name or (BUNDLED_MODEL_NAME if path == bundled_model_dir().resolve() else path.name),
-        path=path, architecture=architecture, kind=kind, module=module, tokenizer=tokenizer,
-        max_length=max_len, hidden_size=int(config.hidden_size),
-        pooling_method=st.pooling_method,
-        # PROTOCOL.md: embed normalises by default unless a Sentence-Transformers folder
-        # says otherwise (no Normalize module).
+        name=name, path=path, architecture=architecture, kind=kind, module=module,
+        tokenizer=tokenizer, max_length=max_len, hidden_size=int(config.hidden_size),
+        pooling_method=default_pooling(st, config),
+        # PROTOCOL.md: embed and token_embed normalise by default unless a
+        # Sentence-Transformers folder says otherwise (no Normalize module).
         normalize_default=st.normalize if (path / "modules.json").is_file() else True,
         id2label=id2label,
-        multi_label=getattr(config, "problem_type", None) == "multi_label_classification",
+        activation_kind=activation_for(len(id2label), getattr(config, "problem_type", None),
+                                       st.cross_encoder_activation),
+        dense=dense,
+        embedding_size=st.dense[-1].out_features if st.dense else int(config.hidden_size),
+        prompts=st.prompts, default_prompt_name=st.default_prompt_name,
+        matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
+        revision=source.revision,
+        token_head=per_token_head(module) if kind == ModelKind.SEQUENCE_CLASSIFICATION else None,
+        takes_token_types="token_type_ids" in inspect.signature(module.forward).parameters,
+        decoder=is_decoder_only(config),
     )
-    log.info("loaded %s (%s, %s) from %s on %s (%s): max length %d, pooling %s, normalize %s",
-             model.name, architecture, kind, path, target, dtype, max_len, model.pooling_method,
-             model.normalize_default)
+    log.info("loaded %s (%s, %s) from %s, revision %s, on %s (%s): max length %d, pooling %s, "
+             "dense %s, normalize %s, embedding size %d", model.name, architecture, kind, path,
+             model.revision, target, dtype, max_len, model.pooling_method,
+             len(st.dense), model.normalize_default, model.embedding_size)
     return model

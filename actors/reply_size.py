@@ -153,7 +153,7 @@ def check_reply_fits(job, plan, model, max_payload: int) -> None:
     request, task = job.request, job.task
     if request.stream or (plan is not None) != (task in TOKEN_LEVEL_TASKS):
         return
-    width = (request.dimensions or model.hidden_size
+    width = (request.dimensions or model.embedding_size
              if task in (Task.EMBED, Task.TOKEN_EMBED) else model.num_labels)
     if plan is not None:
         shapes = item_shapes(task, plan.n_items, width, [len(s) for s in plan.sequences])

@@ -2,11 +2,13 @@
 those sequences become the reply's items. Values in, values out: the EngineActor does the I/O
 and the forward thread (`forward.py`) does the tensor work."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from poolwire.actors.model import LoadedModel, ModelKind
+from poolwire.actors.model_fields import prompt_for
 from poolwire.actors.tokenizing import Tokenizing, TokenSeq, normalise_input
 from poolwire.schemas.errors import invalid
 from poolwire.schemas.requests import PoolingRequest
@@ -44,6 +46,19 @@ class TaskPlan:
     pairs: list[tuple[int, int]] | None = None
     # Tokens per item for `usage` (a pair counts both of its texts).
     item_tokens: list[int] | None = None
+    # return_tokens: per item {"tokens": [...], "offsets": [[start, end] | None, ...]}.
+    token_meta: list[dict] | None = None
+    # aggregation: (item index, its rows) -> entity spans.
+    entities: Callable[[int, np.ndarray], list[dict]] | None = None
+
+    def extras(self, index: int, rows: np.ndarray) -> dict | None:
+        """What an item carries besides its data: tokens, offsets, entities."""
+        out: dict = {}
+        if self.token_meta is not None:
+            out.update(self.token_meta[index])
+        if self.entities is not None:
+            out["entities"] = self.entities(index, rows)
+        return out or None
 
     @property
     def n_items(self) -> int:
@@ -56,6 +71,28 @@ class TaskPlan:
 
 def _activation(model: LoadedModel, use_activation: bool | None) -> str:
     return model.activation_kind if use_activation in (None, True) else "none"
+
+
+def _normalize(model: LoadedModel, request: PoolingRequest) -> bool:
+    """`normalize`, else vLLM's `use_activation` (the validator refused a disagreement), else
+    the folder's default."""
+    for value in (request.normalize, request.use_activation):
+        if value is not None:
+            return value
+    return model.normalize_default
+
+
+def _token_meta(tokenizing: Tokenizing, seqs: list[TokenSeq], prefix: int) -> list[dict]:
+    """Token strings and [start, end] spans in the input text: offsets of the prompted text
+    shifted back by the prompt's length; tokens of the prompt itself, special tokens and
+    token-id input (no text) get None."""
+    meta = []
+    for seq in seqs:
+        spans = seq.offsets if seq.offsets is not None else [None] * len(seq)
+        meta.append({"tokens": tokenizing.convert_ids_to_tokens(seq.ids),
+                     "offsets": [None if s is None or s[0] < prefix else [s[0] - prefix, s[1] - prefix]
+                                 for s in spans]})
+    return meta
 
 
 def _score_pairs(first, second) -> tuple[list[str], list[str]]:
@@ -80,36 +117,47 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
               tokenizing: Tokenizing) -> TaskPlan:
     """Tokenize a validated request and say what to compute; raises input_too_long."""
     cut, side = request.truncate_prompt_tokens, request.truncation_side
+    prompt = prompt_for(task, request, model.prompts, model.default_prompt_name)
     if task is Task.SCORE:
         first, second = _score_pairs(request.text_1, request.text_2)
         if score_uses_cross_encoder(model):
             seqs = tokenizing.pairs(first, second, cut, side)
             return TaskPlan(seqs, PoolSpec(Forward.SEQ_LOGITS,
                                            activation=_activation(model, request.use_activation)))
-        # Bi-encoder: embed each distinct text once, then the cosine of each pair.
+        # Bi-encoder: embed each distinct text once (the prompt on both sides), then the
+        # cosine of each pair.
         texts = list(dict.fromkeys(first + second))
         position = {t: i for i, t in enumerate(texts)}
-        seqs = tokenizing.texts(texts, cut, side)
+        seqs = tokenizing.texts([prompt + t for t in texts], cut, side)
         pairs = [(position[x], position[y]) for x, y in zip(first, second)]
         spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=True)
         return TaskPlan(seqs, spec, pairs=pairs,
                         item_tokens=[len(seqs[i]) + len(seqs[j]) for i, j in pairs])
 
     texts, ids = normalise_input(request.input)
-    seqs = tokenizing.texts(texts, cut, side) if texts is not None else tokenizing.token_ids(ids, cut, side)
+    grouping = request.aggregation not in (None, "none")
+    offsets = bool(request.return_tokens) or grouping
+    if texts is not None:
+        seqs = tokenizing.texts([prompt + t for t in texts], cut, side, offsets=offsets)
+    else:
+        seqs = tokenizing.token_ids(ids, cut, side)
     if task is Task.EMBED:
-        normalize = model.normalize_default if request.normalize is None else request.normalize
-        spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=normalize,
-                        dimensions=request.dimensions)
+        spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method,
+                        normalize=_normalize(model, request), dimensions=request.dimensions)
     elif task is Task.TOKEN_EMBED:
-        spec = PoolSpec(Forward.HIDDEN, token_level=True, normalize=bool(request.normalize),
+        spec = PoolSpec(Forward.HIDDEN, token_level=True, normalize=_normalize(model, request),
                         dimensions=request.dimensions)
     elif task is Task.CLASSIFY:
         spec = PoolSpec(Forward.SEQ_LOGITS, activation=_activation(model, request.use_activation))
     else:  # TOKEN_CLASSIFY
         spec = PoolSpec(Forward.TOKEN_LOGITS, token_level=True,
                         activation=_activation(model, request.use_activation))
-    return TaskPlan(seqs, spec)
+    meta = _token_meta(tokenizing, seqs, len(prompt)) if request.return_tokens else None
+    entities = None
+    if grouping and texts is not None:
+        grouper, strategy = model.entity_grouper, request.aggregation
+        entities = lambda i, rows: grouper.group(texts[i], seqs[i], rows, spec.activation, strategy)  # noqa: E731
+    return TaskPlan(seqs, spec, token_meta=meta, entities=entities)
 
 
 def cosine_items(plan: TaskPlan, outputs: dict[int, np.ndarray]) -> list[np.ndarray]:

@@ -45,6 +45,13 @@ def configured_task(architecture: str, supported: list[Task], asked: str | None)
         except ValueError:
             raise TaskConfigError(f"--task {asked!r} is not a pooling task; this model "
                                   f"({architecture}) supports: {names}") from None
+        if task is Task.SCORE:
+            configurable = ", ".join(t.value for t in supported if t is not Task.SCORE)
+            raise TaskConfigError(f"--task score is not a task a deployment is configured for "
+                                  f"(vLLM PR #37537): score requests are computed with embed "
+                                  f"(bi-encoder) or classify (one-label cross-encoder) and served "
+                                  f"by a worker configured for that task; this model "
+                                  f"({architecture}) can be configured for: {configurable}")
         if task not in supported:
             raise TaskConfigError(f"--task {asked} is not supported by this model "
                                   f"({architecture}); it supports: {names}")

@@ -10,6 +10,9 @@ from poolwire.schemas.errors import ErrorCode, PoolingError, invalid
 class TokenSeq:
     ids: list[int]
     type_ids: list[int] | None = None  # segment ids of a text pair (cross-encoder)
+    # With offsets asked for: [start, end] character spans in the tokenized text, None for
+    # special tokens (the tokenizer's special_tokens_mask).
+    offsets: list[tuple[int, int] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -62,10 +65,25 @@ class Tokenizing:
         self._tok = tokenizer
         self.max_length = max_length
 
-    def texts(self, texts: list[str], truncate: int | None, side: str) -> list[TokenSeq]:
+    def texts(self, texts: list[str], truncate: int | None, side: str,
+              offsets: bool = False) -> list[TokenSeq]:
         limit = truncation_limit(truncate, self.max_length)
-        ids = self._encode(texts, limit, side)
-        return [TokenSeq(seq) for seq in ids]
+        if not offsets:
+            return [TokenSeq(seq) for seq in self._encode(texts, limit, side)]
+        if not getattr(self._tok, "is_fast", False):
+            raise invalid("return_tokens and aggregation need character offsets, which this "
+                          "model's (slow) tokenizer cannot give; leave them out",
+                          field="return_tokens")
+        enc = self._encode(texts, limit, side, with_offsets=True)
+        out = []
+        for ids, spans, special in zip(enc["input_ids"], enc["offset_mapping"],
+                                       enc["special_tokens_mask"]):
+            out.append(TokenSeq(ids, offsets=[None if s else (int(a), int(b))
+                                              for (a, b), s in zip(spans, special)]))
+        return out
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return self._tok.convert_ids_to_tokens(ids)
 
     def token_ids(self, sequences: list[list[int]], truncate: int | None, side: str) -> list[TokenSeq]:
         """Token ids are used as given: no special tokens are added, and a cut is a plain cut."""
@@ -97,14 +115,17 @@ class Tokenizing:
             out.append(TokenSeq(ids, types))
         return out
 
-    def _encode(self, texts, limit, side) -> list[list[int]]:
+    def _encode(self, texts, limit, side, with_offsets: bool = False):
+        """The ids of each text, or with_offsets the whole encoding (ids, offset_mapping,
+        special_tokens_mask)."""
         self._tok.truncation_side = side
         enc = self._tok(texts, add_special_tokens=True, truncation=limit is not None,
                         max_length=limit, return_attention_mask=False,
-                        return_token_type_ids=False)
+                        return_token_type_ids=False, return_offsets_mapping=with_offsets,
+                        return_special_tokens_mask=with_offsets)
         ids = enc["input_ids"]
         if limit is None:
             for i, seq in enumerate(ids):
                 if len(seq) > self.max_length:
                     raise _too_long(i, len(seq), self.max_length)
-        return ids
+        return enc if with_offsets else ids

@@ -7,12 +7,13 @@ import logging
 from dataclasses import dataclass, replace
 
 from poolwire.actors.messages import Incoming, Job
+from poolwire.actors.model_fields import ModelFacts, check_model_fields
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Actor, MailboxFull
 from poolwire.actors.stats import StageStats
 from poolwire.actors.task_policy import TaskPolicy, Verdict
 from poolwire.actors.tokenizing import check_truncation
-from poolwire.schemas.errors import ErrorCode, PoolingError, invalid
+from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.events import DeprecationEvent, utc_now_rfc3339
 from poolwire.schemas.requests import PoolingRequest, parse_request
 from poolwire.schemas.sanity import preview
@@ -30,13 +31,12 @@ class ModelLimits:
     name: str
     max_length: int
     embedding_size: int
+    facts: ModelFacts | None = None  # prompts, Matryoshka sizes, score kind (model_fields.py)
 
 
 def check_against_model(task: Task, request: PoolingRequest, limits: ModelLimits) -> None:
     check_truncation(request.truncate_prompt_tokens, limits.max_length)
-    if request.dimensions is not None and request.dimensions > limits.embedding_size:
-        raise invalid(f"dimensions {request.dimensions} is larger than the embedding size "
-                      f"{limits.embedding_size} of {limits.name}", field="dimensions")
+    check_model_fields(task, request, limits.facts or ModelFacts(limits.name, limits.embedding_size))
 
 
 def deprecation_message(requested: Task, configured: Task) -> str:

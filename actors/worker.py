@@ -17,6 +17,7 @@ from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.metrics import QueueGauges, WorkerMetrics
 from poolwire.actors.model import LoadedModel
+from poolwire.actors.model_fields import ModelFacts
 from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone_or_alike
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
@@ -69,7 +70,8 @@ class Worker:
             max_queued_tokens=s.max_queued_tokens), self.events,
             self.stats, metrics=self.metrics)
         self.validator = ValidatorActor(
-            self.policy, ModelLimits(self.model.name, self.model.max_length, self.model.hidden_size),
+            self.policy, ModelLimits(self.model.name, self.model.max_length,
+                                     self.model.embedding_size, ModelFacts.of(self.model)),
             self.engine, replier, self.worker_id, self.stats)
         self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier, self.stats,
                                   metrics=self.metrics)
@@ -88,8 +90,8 @@ class Worker:
         await self.discovery.start()
         self._start_metrics()
         await self.nc.flush()  # subscriptions reach the server before we say we are ready
-        log.info("serving %s (task %s, supported %s, multitask %s) on %s.* queue %s",
-                 self.model.name, self.policy.configured,
+        log.info("serving %s (revision %s, task %s, supported %s, multitask %s) on %s.* queue %s",
+                 self.model.name, self.model.revision, self.policy.configured,
                  ", ".join(t.value for t in self.policy.supported), s.multitask, s.prefix, s.queue)
 
     async def _refuse_mixed_queue(self) -> None:
@@ -112,7 +114,8 @@ class Worker:
                 "supported_tasks": ",".join(t.value for t in policy.supported),
                 "multitask": policy.multitask, "worker": self.worker_id,
                 "prefix": s.prefix, "queue": s.queue,
-                "embedding_size": str(model.hidden_size), "max_length": str(model.max_length),
+                "embedding_size": str(model.embedding_size), "max_length": str(model.max_length),
+                "model_revision": model.revision,
                 "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device)}
 
     def _start_metrics(self) -> None:

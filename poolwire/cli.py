@@ -116,7 +116,8 @@ async def serve(settings: WorkerSettings) -> int:
             print(f"poolwire: {exc}", file=sys.stderr)
             return 2
         policy = worker.policy
-        print(f"poolwire: serving {model.name} on {url}: subjects {settings.prefix}.<task>, "
+        print(f"poolwire: serving {model.name} (revision {model.revision}) on {url}: subjects "
+              f"{settings.prefix}.<task>, "
               f"queue group {settings.queue}\n"
               f"poolwire: configured task {policy.configured}; supported tasks "
               f"{', '.join(t.value for t in policy.supported)}; multitask {policy.multitask}\n"

@@ -29,7 +29,9 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True,
                                       cli_kebab_case=True, cli_hide_none_type=True)
 
-    model: Path | None = Field(None, description="model folder; default: the bundled all-MiniLM-L6-v2")
+    model: Path | None = Field(
+        None, description="model folder, or a Hugging Face hub id resolved through the local HF "
+                          "cache (HF_HUB_CACHE); default: the bundled all-MiniLM-L6-v2")
     model_name: str | None = Field(None, description="name in replies; default: the folder's name")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (CUDA when present)")
     dtype: Literal["float32", "float16", "bfloat16"] = Field(

@@ -20,10 +20,26 @@ class Usage(_Frame):
     total_tokens: int = Field(description="equal to prompt_tokens for pooling")
 
 
+class Entity(_Frame):
+    """A span grouped as the transformers token-classification pipeline groups it."""
+
+    entity_group: str
+    score: float
+    word: str
+    start: int = Field(description="character offset in the input")
+    end: int
+
+
+Span = Union[list[int], None]  # [start, end] in the input; None for special tokens
+
+
 class FloatItem(_Frame):
     index: int = Field(description="position of the input (or pair) in the request")
     data: ItemData = Field(description="vector, label scores, score, or token rows")
     offset: int | None = Field(None, description="token-level tasks: first token row in this frame")
+    tokens: list[str] | None = Field(None, description="return_tokens: the rows' token strings")
+    offsets: list[Span] | None = Field(None, description="return_tokens: the rows' character spans")
+    entities: list[Entity] | None = Field(None, description="aggregation: grouped entity spans")
 
 
 class BinaryItem(_Frame):
@@ -32,6 +48,9 @@ class BinaryItem(_Frame):
     shape: list[int] = Field(description="[D], [T, D] or [] for a score")
     bytes: RawBytes
     offset: int | None = None
+    tokens: list[str] | None = None
+    offsets: list[Span] | None = None
+    entities: list[Entity] | None = None
 
 
 Item = Union[FloatItem, BinaryItem]
@@ -59,6 +78,9 @@ class StreamItemFrame(_Frame):
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     shape: list[int] | None = None
     bytes: RawBytes | None = None
+    tokens: list[str] | None = None
+    offsets: list[Span] | None = None
+    entities: list[Entity] | None = None
 
 
 class DoneFrame(_Frame):

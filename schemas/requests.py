@@ -32,7 +32,18 @@ class PoolingRequest(BaseModel):
         None, description="Matryoshka: keep the first d dimensions, then normalise if asked")
     normalize: StrictBool | None = Field(None, description="L2-normalise the output vectors")
     use_activation: StrictBool | None = Field(
-        None, description="apply softmax/sigmoid to classifier logits (default true)")
+        None, description="vLLM's switch: on embed/token_embed it means normalize; on classify, "
+                          "score and token_classify the model's activation (default true)")
+    prompt_name: StrictStr | None = Field(
+        None, description="a prompt the model folder defines (Sentence-Transformers `prompts`); "
+                          "default: the folder's default_prompt_name")
+    prompt: StrictStr | None = Field(
+        None, description="a literal prefix put before every input text")
+    return_tokens: StrictBool | None = Field(
+        None, description="token-level tasks: each item also carries tokens and character offsets")
+    aggregation: Literal["none", "simple", "first", "max"] | None = Field(
+        None, description="token_classify: entity spans grouped as the transformers "
+                          "token-classification pipeline groups them")
     truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = \
         Field(None, description="-1: truncate to the model maximum; k>0: keep at most k tokens")
     truncation_side: Literal["right", "left"] = Field("right", description="which end is cut")
@@ -53,11 +64,13 @@ COMMON_FIELDS = frozenset({
 
 # Which keys each task accepts besides COMMON_FIELDS, and which of them it requires.
 TASK_FIELDS: dict[Task, frozenset[str]] = {
-    Task.EMBED: frozenset({"input", "dimensions", "normalize"}),
-    Task.TOKEN_EMBED: frozenset({"input", "dimensions", "normalize"}),
+    Task.EMBED: frozenset({"input", "dimensions", "normalize", "use_activation", "prompt_name",
+                           "prompt"}),
+    Task.TOKEN_EMBED: frozenset({"input", "dimensions", "normalize", "use_activation",
+                                 "prompt_name", "prompt", "return_tokens"}),
     Task.CLASSIFY: frozenset({"input", "use_activation"}),
-    Task.TOKEN_CLASSIFY: frozenset({"input", "use_activation"}),
-    Task.SCORE: frozenset({"text_1", "text_2", "use_activation"}),
+    Task.TOKEN_CLASSIFY: frozenset({"input", "use_activation", "return_tokens", "aggregation"}),
+    Task.SCORE: frozenset({"text_1", "text_2", "use_activation", "prompt_name", "prompt"}),
 }
 REQUIRED_FIELDS: dict[Task, tuple[str, ...]] = {
     Task.EMBED: ("input",),

@@ -65,6 +65,27 @@ def small_models(small_model_dirs):
     return {name: load_model(path) for name, path in small_model_dirs.items()}
 
 
+@pytest.fixture(scope="session")
+def zoo_dirs(tmp_path_factory):
+    """The model zoo of issue 11 (tests/model_zoo.py), built once per session."""
+    from tests.model_zoo import build_zoo
+
+    return build_zoo(tmp_path_factory.mktemp("zoo"), bundled_model_dir())
+
+
+@pytest.fixture(scope="session")
+def zoo(zoo_dirs):
+    """Zoo models loaded by poolwire, each on first use."""
+    loaded: dict = {}
+
+    def get(name: str):
+        if name not in loaded:
+            loaded[name] = load_model(zoo_dirs[name])
+        return loaded[name]
+
+    return get
+
+
 @pytest.fixture
 def prefix():
     """A fresh subject prefix per test, so tests never see each other's traffic."""

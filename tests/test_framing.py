@@ -90,3 +90,20 @@ def test_done_and_error_frames_follow_the_schema():
     frame = ErrorFrame.model_validate(decode(body)[0])
     assert frame.error.code == "overloaded" and frame.error.retry_after_ms == 5
     assert headers == {"Nats-Service-Error": "full now", "Nats-Service-Error-Code": "503"}
+
+
+def test_token_frames_carry_the_tokens_and_offsets_of_their_own_rows():
+    """return_tokens on a streamed token-level item split over frames: each frame has its
+    rows' tokens and offsets, and the entities go with the first frame only."""
+    rows = np.arange(40 * 8, dtype=np.float32).reshape(40, 8)
+    extras = {"tokens": [f"t{i}" for i in range(40)],
+              "offsets": [None] + [[i, i + 1] for i in range(39)],
+              "entities": [{"entity_group": "PER", "score": 0.5, "word": "t1", "start": 0, "end": 1}]}
+    bodies = item_frames("r1", 0, rows, FLOAT, True, 600, None, extras)
+    frames = [StreamItemFrame.model_validate(decode(b)[0]) for b in bodies]
+    assert len(frames) > 2 and all(len(b) <= 600 for b in bodies)
+    assert sum((f.tokens for f in frames), []) == extras["tokens"]
+    assert sum((f.offsets for f in frames), []) == extras["offsets"]
+    for f in frames:
+        assert len(f.tokens) == len(f.data) and f.tokens[0] == f"t{f.offset}"
+    assert frames[0].entities is not None and all(f.entities is None for f in frames[1:])

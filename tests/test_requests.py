@@ -27,7 +27,7 @@ def test_defaults_and_null_counts_as_absent():
 
 @pytest.mark.parametrize("body, field", [
     ({"input": "x", "dimension": 3}, "dimension"),                 # typo: unknown key
-    ({"input": "x", "use_activation": True}, "use_activation"),    # not valid for embed
+    ({"input": "x", "aggregation": "simple"}, "aggregation"),      # not valid for embed
     ({"input": "x", "dimensions": 3.0}, "dimensions"),             # float where int expected
     ({"input": "x", "dimensions": True}, "dimensions"),            # bool where int expected
     ({"input": "x", "dimensions": 0}, "dimensions"),               # range
@@ -72,3 +72,21 @@ def test_request_id_of_only_takes_usable_strings():
     assert request_id_of({"request_id": 5}) is None
     assert request_id_of({"request_id": ""}) is None
     assert request_id_of(["request_id"]) is None
+
+
+# vLLM's own per-task parameter cases (tests/test_pooling_params.py): embed-like tasks take
+# `dimensions` and `use_activation`, classify-like tasks take `use_activation` only.
+@pytest.mark.parametrize("task, valid, invalid", [
+    (Task.EMBED, ("dimensions", "use_activation"), ("aggregation", "return_tokens")),
+    (Task.TOKEN_EMBED, ("dimensions", "use_activation", "return_tokens"), ("aggregation",)),
+    (Task.CLASSIFY, ("use_activation",), ("dimensions", "return_tokens", "prompt", "aggregation")),
+    (Task.TOKEN_CLASSIFY, ("use_activation", "return_tokens"), ("dimensions", "prompt")),
+])
+def test_which_task_takes_which_model_field(task, valid, invalid):
+    values = {"dimensions": 4, "use_activation": False, "return_tokens": True,
+              "aggregation": "simple", "prompt": "q: "}
+    for name in valid:
+        assert getattr(parse_request(task, {"input": "x", name: values[name]}), name) == values[name]
+    for name in invalid:
+        with pytest.raises(PoolingError, match=f"'{name}' is not valid for task {task}"):
+            parse_request(task, {"input": "x", name: values[name]})

@@ -29,10 +29,19 @@ def test_supported_tasks_by_model_kind_in_protocol_order(kind, labels, per_token
     # The token-classifier rule comes before the priority list, whatever else is supported.
     ("FancyForTokenClassification", [E, TC], None, TC),
     ("BertModel", [E, TE, S], "token_embed", TE),
-    ("BertForSequenceClassification", [C, TC, S], "score", S),
 ])
 def test_configured_task_rule(architecture, supported, asked, expected):
     assert configured_task(architecture, supported, asked) is expected
+
+
+@pytest.mark.parametrize("architecture, supported, configurable", [
+    ("BertModel", [E, TE, S], "embed, token_embed"),
+    ("BertForSequenceClassification", [C, TC, S], "classify, token_classify"),
+])
+def test_score_is_never_a_configured_task(architecture, supported, configurable):
+    """vLLM PR #37537: score is served with embed or classify, never configured itself."""
+    with pytest.raises(TaskConfigError, match=f"PR #37537.*configured for: {configurable}$"):
+        configured_task(architecture, supported, "score")
 
 
 @pytest.mark.parametrize("asked", ["classify", "summarize"])

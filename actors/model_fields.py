@@ -1,0 +1,93 @@
+"""Checks of a request's fields against the served model and against each other (PROTOCOL.md
+"Request"): prompts the folder defines, Matryoshka sizes, `use_activation` versus
+`normalize`, and fields that need text input. Values in, PoolingError out; the
+ValidatorActor calls it, so these are all `invalid_request` before any tokenizing."""
+
+from dataclasses import dataclass, field
+
+from poolwire.schemas.errors import invalid
+from poolwire.schemas.requests import PoolingRequest
+from poolwire.schemas.sanity import preview
+from poolwire.schemas.tasks import Task
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What request checking needs to know of the model."""
+
+    name: str
+    embedding_size: int
+    prompts: dict[str, str] = field(default_factory=dict)
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    cross_encoder_score: bool = False  # score is a one-label classifier, not cosine
+
+    @classmethod
+    def of(cls, model) -> "ModelFacts":
+        from poolwire.actors.task_heads import score_uses_cross_encoder
+
+        return cls(model.name, model.embedding_size, dict(model.prompts),
+                   model.matryoshka_dimensions, score_uses_cross_encoder(model))
+
+
+def _has_token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and not isinstance(value[0], str)
+
+
+def check_model_fields(task: Task, request: PoolingRequest, facts: ModelFacts) -> None:
+    _check_dimensions(request, facts)
+    if (request.normalize is not None and request.use_activation is not None
+            and task in (Task.EMBED, Task.TOKEN_EMBED)
+            and request.normalize != request.use_activation):
+        raise invalid(f"normalize {request.normalize} and use_activation "
+                      f"{request.use_activation} disagree: on {task} use_activation means "
+                      f"normalize; send one of them", field="use_activation")
+    _check_prompt(task, request, facts)
+    if request.aggregation not in (None, "none") and _has_token_ids(request.input):
+        raise invalid(f"aggregation {request.aggregation!r} groups entities by their text, and "
+                      f"this input is token ids: send the texts, or aggregation \"none\"",
+                      field="aggregation")
+
+
+def _check_dimensions(request: PoolingRequest, facts: ModelFacts) -> None:
+    d = request.dimensions
+    if d is None:
+        return
+    if d > facts.embedding_size:
+        raise invalid(f"dimensions {d} is larger than the embedding size "
+                      f"{facts.embedding_size} of {facts.name}", field="dimensions")
+    allowed = facts.matryoshka_dimensions
+    if allowed and d not in allowed:
+        raise invalid(f"dimensions {d} is not one of the Matryoshka sizes {facts.name} declares: "
+                      f"{', '.join(map(str, allowed))}", field="dimensions")
+
+
+def _check_prompt(task: Task, request: PoolingRequest, facts: ModelFacts) -> None:
+    if request.prompt is None and request.prompt_name is None:
+        return
+    field_name = "prompt_name" if request.prompt_name is not None else "prompt"
+    if request.prompt is not None and request.prompt_name is not None:
+        raise invalid("prompt and prompt_name were both given: send the literal prompt or the "
+                      "name of one the model defines, not both", field="prompt")
+    if task is Task.SCORE and facts.cross_encoder_score:
+        raise invalid(f"{field_name} applies to a bi-encoder's score; {facts.name} scores pairs "
+                      f"as a cross-encoder, which takes no prompt", field=field_name)
+    if _has_token_ids(request.input):
+        raise invalid(f"{field_name} is a text prefix and this input is token ids: send texts, "
+                      f"or put the prompt's tokens in the ids yourself", field=field_name)
+    if request.prompt_name is not None and request.prompt_name not in facts.prompts:
+        defined = ", ".join(sorted(facts.prompts)) or "none"
+        raise invalid(f"prompt_name {preview(request.prompt_name)} is not a prompt of "
+                      f"{facts.name}; it defines: {defined}", field="prompt_name")
+
+
+def prompt_for(task: Task, request: PoolingRequest, prompts: dict[str, str],
+               default_prompt_name: str | None) -> str:
+    """The prefix a request's texts get: its `prompt`, the folder's prompt `prompt_name`
+    names, else the folder's default prompt (embed, token_embed and a bi-encoder's score)."""
+    if request.prompt is not None:
+        return request.prompt
+    if request.prompt_name is not None:
+        return prompts[request.prompt_name]
+    if task in (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE) and default_prompt_name is not None:
+        return prompts[default_prompt_name]
+    return ""

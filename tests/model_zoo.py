@@ -1,0 +1,184 @@
+"""The model zoo (issue 11): the kinds of models users deploy, built tiny from configs (hidden
+32, 2 layers, random but seeded weights, the MiniLM tokenizer) and saved as users find them:
+Sentence-Transformers folders written by sentence_transformers itself where that is the norm,
+plain transformers folders otherwise."""
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import (AutoTokenizer, BertConfig, BertForSequenceClassification,
+                          BertForTokenClassification, BertModel, DebertaV2Config,
+                          DebertaV2ForSequenceClassification, DebertaV2ForTokenClassification,
+                          DistilBertConfig, DistilBertForSequenceClassification,
+                          DistilBertForTokenClassification, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model,
+                          RobertaConfig, RobertaForSequenceClassification, XLMRobertaConfig,
+                          XLMRobertaForSequenceClassification)
+
+VOCAB = 30522  # the MiniLM (BERT uncased) tokenizer's
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+MATRYOSHKA = [8, 16, 32]
+
+
+def _labels(n: int, names: list[str] | None = None) -> dict:
+    names = names or [f"LABEL_{chr(65 + i)}" for i in range(n)]
+    return {"num_labels": n, "id2label": dict(enumerate(names)),
+            "label2id": {name: i for i, name in enumerate(names)}}
+
+
+def _bert(**extra) -> BertConfig:
+    return BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=512, **extra)
+
+
+def _roberta(cls, **extra):
+    # type_vocab_size 2 and pad id 0: the BERT tokenizer sends segment ids 0/1 for pairs and
+    # pads with id 0, which a real RoBERTa tokenizer would not.
+    return cls(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+               intermediate_size=64, max_position_embeddings=514, type_vocab_size=2,
+               pad_token_id=0, **extra)
+
+
+def _deberta(**extra) -> DebertaV2Config:
+    return DebertaV2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, intermediate_size=64,
+                           max_position_embeddings=512, pad_token_id=0, **extra)
+
+
+def _distilbert(**extra) -> DistilBertConfig:
+    return DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
+                            max_position_embeddings=512, pad_token_id=0, **extra)
+
+
+def _qwen3(pad_token_id: int | None = 0, **extra) -> Qwen3Config:
+    return Qwen3Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                       intermediate_size=64, max_position_embeddings=512,
+                       pad_token_id=pad_token_id, **extra)
+
+
+def _save_hf(folder: Path, model, tokenizer_dir: Path, padding_side: str = "right") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    model.eval().save_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.padding_side = padding_side
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _sentence_transformer(folder: Path, base: Path, pooling: str, dense: int | None,
+                          normalize: bool, **kwargs) -> Path:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
+
+    modules = [models.Transformer(str(base)), models.Pooling(32, pooling)]
+    if dense:
+        modules.append(models.Dense(32, dense))
+    if normalize:
+        modules.append(models.Normalize())
+    SentenceTransformer(modules=modules, device="cpu", **kwargs).save(str(folder))
+    return folder
+
+
+def _cross_encoder(folder: Path, base: Path, activation: torch.nn.Module | None) -> Path:
+    from sentence_transformers import CrossEncoder
+
+    CrossEncoder(str(base), device="cpu", activation_fn=activation).save(str(folder))
+    return folder
+
+
+def to_old_layout(new: Path, old: Path) -> Path:
+    """The same model in the layout Sentence-Transformers 2.x wrote: per-mode pooling flags,
+    `sentence_transformers.models.*` module types, max_seq_length in sentence_bert_config.json."""
+    shutil.copytree(new, old)
+    modules = json.loads((old / "modules.json").read_text())
+    for module in modules:
+        module["type"] = "sentence_transformers.models." + module["type"].rpartition(".")[2]
+    (old / "modules.json").write_text(json.dumps(modules))
+    pooling = json.loads((old / "1_Pooling" / "config.json").read_text())
+    mode = pooling.pop("pooling_mode")
+    pooling.pop("embedding_dimension", None)
+    pooling.update({"word_embedding_dimension": 32, "pooling_mode_cls_token": mode == "cls",
+                    "pooling_mode_mean_tokens": mode == "mean", "pooling_mode_max_tokens": False,
+                    "pooling_mode_mean_sqrt_len_tokens": False,
+                    "pooling_mode_weightedmean_tokens": False,
+                    "pooling_mode_lasttoken": mode == "lasttoken"})
+    (old / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    # The current layout keeps the maximum in the tokenizer's model_max_length.
+    max_len = json.loads((new / "tokenizer_config.json").read_text())["model_max_length"]
+    (old / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_len,
+                                                               "do_lower_case": False}))
+    return old
+
+
+def build_zoo(root: Path, tokenizer_dir: Path) -> dict[str, Path]:
+    """Every zoo model, each from its own seed."""
+    zoo: dict[str, Path] = {}
+
+    def seeded(seed: int):
+        torch.manual_seed(seed)
+
+    seeded(11)
+    base = _save_hf(root / "_bert_base", BertModel(_bert(), add_pooling_layer=False), tokenizer_dir)
+    zoo["st_mean_dense"] = _sentence_transformer(root / "st-mean-dense", base, "mean", 16, True)
+    zoo["st_mean_dense_old"] = to_old_layout(zoo["st_mean_dense"], root / "st-mean-dense-old")
+
+    seeded(12)
+    base = _save_hf(root / "_bert_base2", BertModel(_bert(), add_pooling_layer=False), tokenizer_dir)
+    config = json.loads((base / "config.json").read_text())
+    config["matryoshka_dimensions"] = MATRYOSHKA
+    (base / "config.json").write_text(json.dumps(config))
+    zoo["st_cls_prompts"] = _sentence_transformer(root / "st-cls-prompts", base, "cls", None,
+                                                  False, prompts=PROMPTS,
+                                                  default_prompt_name="query")
+
+    seeded(13)
+    base = _save_hf(root / "_qwen3", Qwen3Model(_qwen3()), tokenizer_dir, padding_side="left")
+    zoo["qwen3_st"] = _sentence_transformer(root / "qwen3-st", base, "lasttoken", None, True)
+    seeded(14)
+    # As decoder embedders often ship (Qwen3-Embedding's config names Qwen3ForCausalLM).
+    zoo["qwen3_plain"] = _save_hf(root / "qwen3-plain", Qwen3ForCausalLM(_qwen3()), tokenizer_dir)
+
+    seeded(15)
+    # No pad_token_id, as in many decoder configs: transformers itself then refuses batches.
+    zoo["qwen3_seq"] = _save_hf(root / "qwen3-seq", Qwen3ForSequenceClassification(
+        _qwen3(pad_token_id=None, **_labels(1))), tokenizer_dir)
+
+    seeded(21)
+    zoo["roberta3"] = _save_hf(root / "roberta3", RobertaForSequenceClassification(
+        _roberta(RobertaConfig, **_labels(3))), tokenizer_dir)
+    seeded(22)
+    base = _save_hf(root / "_roberta1", RobertaForSequenceClassification(
+        _roberta(RobertaConfig, **_labels(1))), tokenizer_dir)
+    # Identity, not CrossEncoder's default sigmoid: the folder's saved choice must win.
+    zoo["roberta1_ce"] = _cross_encoder(root / "roberta1-ce", base, torch.nn.Identity())
+    seeded(23)
+    zoo["xlmr3"] = _save_hf(root / "xlmr3", XLMRobertaForSequenceClassification(
+        _roberta(XLMRobertaConfig, **_labels(3))), tokenizer_dir)
+    seeded(24)
+    base = _save_hf(root / "_xlmr1", XLMRobertaForSequenceClassification(
+        _roberta(XLMRobertaConfig, **_labels(1))), tokenizer_dir)
+    zoo["xlmr1_ce"] = _cross_encoder(root / "xlmr1-ce", base, torch.nn.Sigmoid())
+
+    seeded(31)
+    zoo["regression"] = _save_hf(root / "regression", BertForSequenceClassification(
+        _bert(problem_type="regression", **_labels(1))), tokenizer_dir)
+    seeded(32)
+    zoo["distil_seq"] = _save_hf(root / "distil-seq", DistilBertForSequenceClassification(
+        _distilbert(**_labels(3))), tokenizer_dir)
+    seeded(33)
+    zoo["distil_tok"] = _save_hf(root / "distil-tok", DistilBertForTokenClassification(
+        _distilbert(**_labels(5, NER_LABELS))), tokenizer_dir)
+    seeded(34)
+    zoo["deberta_seq"] = _save_hf(root / "deberta-seq", DebertaV2ForSequenceClassification(
+        _deberta(**_labels(3))), tokenizer_dir)
+    seeded(35)
+    zoo["deberta_tok"] = _save_hf(root / "deberta-tok", DebertaV2ForTokenClassification(
+        _deberta(**_labels(5, NER_LABELS))), tokenizer_dir)
+    seeded(36)
+    zoo["ner"] = _save_hf(root / "bert-ner", BertForTokenClassification(
+        _bert(**_labels(5, NER_LABELS))), tokenizer_dir)
+    return zoo
