@@ -60,6 +60,10 @@ _WRONG_VALUES = {
     "request_id": [42, 4.2, ["r"], {"id": 1}, True],
     "text_1": [5, [1, 2], {"t": "x"}],
     "use_activation": ["no", 2],
+    "prompt_name": [5, ["query"], "no such prompt"],
+    "prompt": [5, {"p": 1}, ["a"]],
+    "return_tokens": ["yes", 1],
+    "aggregation": ["all", 3, "SIMPLE"],
 }
 
 
@@ -123,9 +127,11 @@ def deep_nesting(rng: random.Random) -> bytes:
 def huge_strings(rng: random.Random) -> bytes:
     size = rng.choice([1000, 10_000, 100_000, 500_000, MAX_PAYLOAD - 200])
     text = "y" * size
-    where = rng.randrange(4)
+    where = rng.randrange(5)
     body = _valid_base(rng)
-    if where == 0:
+    if where == 4:
+        body["prompt_name"] = text  # a name no model folder defines, quoted back as a preview
+    elif where == 0:
         body["truncation_side"] = text
     elif where == 1:
         body["embed_dtype"] = text
