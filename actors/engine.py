@@ -112,9 +112,10 @@ class EngineActor(Actor):
         style = ReplyStyle(job.fmt, request.encoding_format == "binary", request.embed_dtype)
         flight = InFlight(job, plan, style, remaining=len(plan.sequences))
         self._inflight.add(flight)
+        group = f"{plan.spec.forward}#{job.request_id}" if job.solo else plan.spec.forward
         for i, seq in enumerate(plan.sequences):
             item = QueuedItem(tokens=len(seq), priority=request.priority, deadline=job.deadline,
-                              group=plan.spec.forward, payload=(flight, i))
+                              group=group, payload=(flight, i))
             flight.queued.append(item)
             self._planner.add(item)
         self._note_arrival()

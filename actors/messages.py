@@ -19,6 +19,9 @@ class Incoming:
     fmt: WireFormat
     request_id: str
     received_at: float = field(default_factory=time.monotonic)  # when NATS handed it over
+    # Computed in a batch of its own, where it can fail only itself: a durable job delivered
+    # again after failing (durable_policy.compute_alone).
+    solo: bool = False
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Job:
     # wants an event for every deprecated request "that passed validation and was accepted",
     # and input_too_long / overloaded are only known after tokenizing.
     deprecation: DeprecationEvent | None = None
+    solo: bool = False  # see Incoming.solo
 
     @property
     def deadline(self) -> float | None:

@@ -27,12 +27,17 @@ class NatsServer:
     """A nats-server on 127.0.0.1 with JetStream, stopped by PID (only the one we started)."""
 
     def __init__(self, store_dir: str | Path | None = None, port: int = -1,
-                 max_payload: int | None = None, jetstream: bool = True) -> None:
+                 max_payload: int | None = None, jetstream: bool = True,
+                 config: str | Path | None = None, env: dict[str, str] | None = None) -> None:
         self._own_tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="poolwire-nats-")
         self.store_dir = Path(store_dir or self._own_tmp.name)
         self.port = port
         self.max_payload = max_payload
         self.jetstream = jetstream
+        # A config file of the caller's (auth, TLS); its listen address and port are
+        # overridden by -a/-p, so the server stays on loopback. `env`: variables it refers to.
+        self.config = config
+        self.env = env
         self.url: str | None = None
         self._proc: subprocess.Popen | None = None
 
@@ -48,10 +53,13 @@ class NatsServer:
             conf = self.store_dir / "nats-server.conf"
             conf.write_text(f"max_payload: {self.max_payload}\n")
             args += ["-c", str(conf)]
+        elif self.config:
+            args += ["-c", str(self.config)]
         # A session of its own: Ctrl-C in a terminal signals the whole foreground process group,
         # and the server must outlive the worker's drain; the worker stops it afterwards.
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, start_new_session=True)
+                                      stderr=subprocess.PIPE, start_new_session=True,
+                                      env={**os.environ, **self.env} if self.env else None)
         ports_file = ports_dir / f"nats-server_{self._proc.pid}.ports"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

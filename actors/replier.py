@@ -17,12 +17,28 @@ class Replier:
         self.errors_sent = 0
         self.unanswerable = 0  # error replies dropped for want of a reply subject
         self.last_error = ""  # "<code>: <message>" of the latest error reply, for $SRV.STATS
+        # Reply subjects answered inside the process (durable jobs, pipeline documents): their
+        # intake learns each frame, and when the last one went out, to ack the JetStream message
+        # only then. Request/reply traffic never matches, so the actors need not know.
+        self._local: dict[str, object] = {}
+
+    def route(self, subject: str, sink) -> None:
+        """Frames to `subject` go to `sink.frame(subject, body, headers)` and `sink.error(subject,
+        request_id, error, fmt, headers)` instead of NATS, until `unroute`."""
+        self._local[subject] = sink
+
+    def unroute(self, subject: str) -> None:
+        self._local.pop(subject, None)
 
     @property
     def max_payload(self) -> int:
         return self._nc.max_payload
 
     async def send(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+        sink = self._local.get(subject)
+        if sink is not None:
+            await sink.frame(subject, body, headers)
+            return
         await self._nc.publish(subject, body, headers=headers or None)
 
     async def send_error(self, subject: str, request_id: str, error: PoolingError,
@@ -37,6 +53,10 @@ class Replier:
                     "request %s has no reply subject; dropping its %s error (%d so far; later "
                     "ones are logged at debug level)", request_id, error.code.value,
                     self.unanswerable)
+            return
+        sink = self._local.get(subject)
+        if sink is not None:
+            await sink.error(subject, request_id, error, fmt, headers)
             return
         body, service_headers = error_frame(request_id, error, fmt, self.max_payload, headers)
         self.errors_sent += 1

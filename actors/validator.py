@@ -100,7 +100,8 @@ class ValidatorActor(Actor):
         request = parse_request(task, incoming.body)
         check_against_model(task, request, self.limits)
         job = Job(request=request, task=task, reply=incoming.reply, fmt=incoming.fmt,
-                  request_id=incoming.request_id, received_at=incoming.received_at)
+                  request_id=incoming.request_id, received_at=incoming.received_at,
+                  solo=incoming.solo)
         if verdict == Verdict.DEPRECATED:
             job = self._deprecated(job)
         return job

@@ -7,12 +7,15 @@ import socket
 import time
 import uuid
 
-import nats
 import nats.errors
 
 from poolwire import __version__
+from poolwire.nats_connect import close_quietly, connect, nats_options
 from poolwire.actors.engine import EngineActor, EngineLimits
+from poolwire.actors.selfcheck import SelfCheck
+from poolwire.actors.watchdog import Watchdog
 from poolwire.actors.discovery import Discovery
+from poolwire.actors.durable_intakes import pipeline_spec, start_intakes
 from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.metrics import QueueGauges, WorkerMetrics
@@ -44,6 +47,7 @@ class Worker:
         self.settings = settings
         self.model = model
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
+        self.pipeline = pipeline_spec(settings, self.policy) if settings.pipeline_stream else None
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = StageStats()
         self.metrics = WorkerMetrics()
@@ -55,11 +59,34 @@ class Worker:
         self.validator: ValidatorActor | None = None
         self.engine: EngineActor | None = None
         self.events: EventPublisher | None = None
+        self.intakes = []  # durable jobs and pipeline intakes (actors/durable.py), when asked for
+        self.watchdog: Watchdog | None = None
+        # Set with a one-line reason when the worker is deaf beyond repair or its connection was
+        # closed for good: the process should then exit non-zero (poolwire serve exits 4).
+        self.failed: asyncio.Future[str] | None = None
 
-    async def start(self, url: str) -> None:
+    async def start(self, url: str, health_file=None) -> None:
+        """Connect (NatsConnectError, one line, within nats_connect_timeout_s) and serve."""
         s = self.settings
-        self.nc = await nats.connect(url, name=f"poolwire-{self.worker_id}",
-                                     max_reconnect_attempts=-1)
+        self.failed = asyncio.get_running_loop().create_future()
+
+        async def link_changed() -> None:
+            if self.watchdog is not None:
+                self.watchdog.link_changed()
+
+        async def closed() -> None:
+            if self.watchdog is not None:
+                self.watchdog.closed()
+            elif not self.failed.done():
+                self.failed.set_result("the NATS connection was closed for good")
+
+        def refused(reason: str) -> None:
+            if self.watchdog is not None:
+                self.watchdog.give_up(reason)
+
+        self.nc = await connect(nats_options(s, url), name=f"poolwire-{self.worker_id}",
+                                closed_cb=closed, disconnected_cb=link_changed,
+                                reconnected_cb=link_changed, refused_cb=refused)
         if not s.allow_mixed_queue:
             await self._refuse_mixed_queue()
         replier = Replier(self.nc, self.metrics)
@@ -86,8 +113,15 @@ class Worker:
             self.supervisor.start_actor(actor)
         self.supervisor.start_loop("engine-batches", self.engine.batch_loop,
                                    on_restart=self.engine.on_restart)
+        self.intakes = await start_intakes(self.nc, s, self.pipeline, self.validator, replier,
+                                           self.engine, self.supervisor)
         self.discovery = self._discovery(replier)
         await self.discovery.start()
+        self.watchdog = Watchdog(self.nc, s.prefix, SelfCheck(
+            interval_s=s.probe_interval_s, timeout_s=s.probe_timeout_s), self._fail,
+            health_file, {"worker": self.worker_id, "service_id": self.discovery.id})
+        await self.watchdog.start()
+        self.supervisor.start_loop("selfcheck", self.watchdog.run)
         self._start_metrics()
         await self.nc.flush()  # subscriptions reach the server before we say we are ready
         log.info("serving %s (revision %s, task %s, supported %s, multitask %s) on %s.* queue %s",
@@ -105,6 +139,10 @@ class Worker:
             await self.nc.close()
             self.nc = None
             raise
+
+    def _fail(self, reason: str) -> None:
+        if self.failed is not None and not self.failed.done():
+            self.failed.set_result(reason)
 
     def describe(self) -> dict[str, str]:
         """What this worker serves and how: discovery metadata and the metrics' info labels.
@@ -140,7 +178,8 @@ class Worker:
             return {"num_requests": requests, "num_errors": replier.errors_sent,
                     "last_error": replier.last_error, "processing_time": busy_ns,
                     "average_processing_time": busy_ns // requests if requests else 0,
-                    "data": self.stats.snapshot()}
+                    "data": {**self.stats.snapshot(),
+                             **{i.name: i.counters() for i in self.intakes}}}
 
         return Discovery(self.nc, version=__version__, metadata=metadata,
                          description="poolwire: pooling models over NATS (PROTOCOL.md v1)",
@@ -150,21 +189,29 @@ class Worker:
 
     @property
     def backlog(self) -> int:
-        return sum(a.backlog for a in (self.ingest, self.validator, self.engine) if a is not None)
+        return sum(a.backlog for a in (self.ingest, self.validator, self.engine, *self.intakes)
+                   if a is not None)
 
-    async def stop(self) -> None:
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
         """Drain: stop intake, answer everything in flight (up to drain_timeout_s), then close.
         Each step is bounded, so a lost server connection cannot hang the shutdown."""
         if self.nc is None:
             return
-        timeout = self.settings.drain_timeout_s
+        if self.watchdog is not None:
+            await self.watchdog.stop()  # our own close is not a fault
+        timeout = drain_timeout_s or self.settings.drain_timeout_s
         deadline = time.monotonic() + timeout
+        # Unsubscribing waits on the server; with the server gone it would take the whole
+        # drain timeout for nothing. What is in flight is still computed, and its replies go
+        # out if the connection comes back before the deadline.
         try:
-            if self.ingest is not None:
+            for intake in self.intakes:  # jobs not started go back to JetStream at once
+                await asyncio.wait_for(intake.stop_intake(), timeout)
+            if self.nc.is_connected and self.ingest is not None:
                 await asyncio.wait_for(self.ingest.stop_intake(), timeout)
-            if self.discovery is not None:
+            if self.nc.is_connected and self.discovery is not None:
                 await asyncio.wait_for(self.discovery.stop(), timeout)
-        except (asyncio.TimeoutError, nats.errors.Error) as exc:
+        except (asyncio.TimeoutError, nats.errors.Error, OSError) as exc:
             log.warning("could not unsubscribe cleanly (%r); closing", exc)
         while self.backlog and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -177,11 +224,10 @@ class Worker:
         try:
             if self.nc.is_connected:
                 await asyncio.wait_for(self.nc.drain(), max(1.0, deadline - time.monotonic()))
-        except (asyncio.TimeoutError, nats.errors.Error) as exc:
+        except (asyncio.TimeoutError, nats.errors.Error, OSError) as exc:
             log.warning("could not drain the NATS connection (%r)", exc)
         finally:
-            if not self.nc.is_closed:
-                await self.nc.close()
+            await close_quietly(self.nc)
             self.nc = None
 
     async def __aenter__(self) -> "Worker":

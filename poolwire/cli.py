@@ -1,4 +1,4 @@
-"""The `poolwire` command: serve, embed, classify, score, events."""
+"""The `poolwire` command: serve, embed, classify, score, submit, events."""
 
 import argparse
 import asyncio
@@ -13,24 +13,33 @@ from pathlib import Path
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
+from poolwire.actors.health import HEALTH_FILE_NAME
+from poolwire.nats_connect import (NatsConnectError, NatsOptions, close_quietly, connect,
+                                   nats_options, redact_url)
+from poolwire.cli_nats import (CLIENT_EXIT_CODES, EXIT_CONFIG, EXIT_DEAF, EXIT_NATS_UNAVAILABLE,
+                               EXIT_NO_RESPONDERS, EXIT_TIMEOUT, SERVE_EXIT_CODES,
+                               add_connection_options, connect_options)
 from poolwire.settings import ENV_PREFIX, WorkerSettings
 
 log = logging.getLogger("poolwire")
-
 
 def _serve_parser(sub) -> CliSettingsSource:
     """`serve` takes one option per WorkerSettings field, derived by pydantic-settings."""
     p = sub.add_parser("serve", help="run a worker (embedded NATS and bundled model by default)",
                        description="Every option is also an environment variable "
-                                   f"{ENV_PREFIX}<NAME> (and NATS_URL for --nats-url).")
+                                   f"{ENV_PREFIX}<NAME> (and NATS_URL, NATS_CREDS, NATS_NKEY, "
+                                   "NATS_USER, NATS_PASSWORD, NATS_TOKEN, NATS_CA, NATS_CERT, "
+                                   "NATS_KEY for the --nats-* options of the same names).",
+                       epilog=SERVE_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     return CliSettingsSource(WorkerSettings, root_parser=p)
 
 
 def _client_parser(sub, name: str, help: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help)
-    p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+    p = sub.add_parser(name, help=help, epilog=CLIENT_EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_connection_options(p)
     p.add_argument("--prefix", default=os.environ.get("POOLWIRE_PREFIX", "pooling"))
-    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply")
     return p
 
 
@@ -49,17 +58,29 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
     p = _client_parser(sub, "score", "score text_1 against each text_2 and print JSON")
     p.add_argument("text_1")
     p.add_argument("text_2", nargs="+")
+    p = _client_parser(sub, "submit", "submit a durable job through JetStream (kept until a "
+                                      "--durable worker answers it) and print the reply as JSON")
+    p.add_argument("task", help="embed, classify, token_embed, token_classify")
+    p.add_argument("texts", nargs="+")
     p = sub.add_parser("bench", add_help=False,
                        help="in-process Sentence-Transformers vs a poolwire worker over NATS "
                             "(options: poolwire bench --help)")
     _operator_parsers(sub)
+    p = sub.add_parser("health", help="is the worker of this state dir healthy? exit 0 or 1, one line",
+                       description="Reads the heartbeat the worker's self-check writes (every "
+                                   "--probe-interval-s) to <state-dir>/health.json; for a docker "
+                                   "compose healthcheck inside the worker's container.")
+    p.add_argument("--state-dir", type=Path,
+                   default=Path(os.environ.get(f"{ENV_PREFIX}STATE_DIR", ".poolwire")))
+    p.add_argument("--health-file", type=Path, default=os.environ.get(f"{ENV_PREFIX}HEALTH_FILE"),
+                   help="the worker's --health-file, when it was given one")
     return parser, serve_options
 
 
 def _operator_parsers(sub) -> None:
     def connected(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
-        p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+        add_connection_options(p)
         return p
 
     p = connected("events", "print deprecation events as JSON lines: stored ones first with "
@@ -86,6 +107,13 @@ async def serve(settings: WorkerSettings) -> int:
     from poolwire.actors.worker import Worker
     from poolwire.operators import try_hint
 
+    try:  # a typo in a key or certificate path shows now, not after the model has loaded
+        opts = nats_options(settings)
+        opts.check()
+        opts.tls_context()
+    except (NatsConnectError, ValueError) as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         model = load_model(settings.model or bundled_model_dir(), settings.model_name,
                            settings.device, settings.dtype)
@@ -95,6 +123,7 @@ async def serve(settings: WorkerSettings) -> int:
         return 2
     server = None
     url = settings.nats_url
+    health_file = settings.health_file or settings.state_dir / HEALTH_FILE_NAME
     if url is None:
         server = NatsServer(store_dir=settings.state_dir / "nats", port=settings.nats_port)
         try:
@@ -109,53 +138,99 @@ async def serve(settings: WorkerSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # Ctrl-C and SIGTERM stop the worker in every state, connecting included: the start races
+    # the signal instead of blocking it.
+    print(f"poolwire: connecting to NATS at {redact_url(url)} (timeout "
+          f"{settings.nats_connect_timeout_s:g} s)", flush=True)
+    starting = asyncio.ensure_future(worker.start(url, health_file))
+    signalled = asyncio.ensure_future(stop.wait())
+    code, drain_timeout = 0, None
     try:
+        await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            print("poolwire: stopped before the NATS connection was made", flush=True)
+            return 0
         try:
-            await worker.start(url)
-        except QueueConflictError as exc:
-            print(f"poolwire: {exc}", file=sys.stderr)
+            starting.result()
+        except NatsConnectError as exc:
+            print(f"poolwire: {exc}", file=sys.stderr, flush=True)
+            return EXIT_NATS_UNAVAILABLE
+        except QueueConflictError as exc:  # another model or task in this queue group
+            print(f"poolwire: {exc}", file=sys.stderr, flush=True)
+            return 2
+        except RuntimeError as exc:  # e.g. --durable without JetStream, a missing pipeline stream
+            print(f"poolwire: {exc}", file=sys.stderr, flush=True)
             return 2
         policy = worker.policy
-        print(f"poolwire: serving {model.name} (revision {model.revision}) on {url}: subjects "
-              f"{settings.prefix}.<task>, "
+        print(f"poolwire: serving {model.name} (revision {model.revision}) on {redact_url(url)}: "
+              f"subjects {settings.prefix}.<task>, "
               f"queue group {settings.queue}\n"
               f"poolwire: configured task {policy.configured}; supported tasks "
               f"{', '.join(t.value for t in policy.supported)}; multitask {policy.multitask}\n"
               f"poolwire: pooling kernels: {kernels.describe_backend(model.device)}\n"
-              f"poolwire: try  {try_hint(policy.configured.value, settings.prefix, url)}\n"
+              f"poolwire: try  {try_hint(policy.configured.value, settings.prefix, redact_url(url))}\n"
+              f"poolwire: health  poolwire health --health-file {health_file}\n"
               f"poolwire: Ctrl-C drains in-flight requests and stops", flush=True)
-        await stop.wait()
-        print("poolwire: draining...", flush=True)
+        await asyncio.wait({signalled, worker.failed}, return_when=asyncio.FIRST_COMPLETED)
+        if worker.failed.done() and not stop.is_set():
+            print(f"poolwire: {worker.failed.result()}; exiting {EXIT_DEAF} so that a "
+                  f"supervisor replaces this worker", file=sys.stderr, flush=True)
+            # Replies cannot get out of a deaf connection: a short drain, then go.
+            code, drain_timeout = EXIT_DEAF, min(2.0, settings.drain_timeout_s)
+        else:
+            print("poolwire: draining...", flush=True)
     finally:
-        await worker.stop()
+        signalled.cancel()
+        await worker.stop(drain_timeout)
         if server is not None:
             server.stop()
     print("poolwire: stopped", flush=True)
-    return 0
+    return code
 
 
 async def client_command(args) -> int:
-    from poolwire.client import PoolingClient, PoolingServiceError
+    import nats.errors
 
-    async with PoolingClient(args.nats_url, prefix=args.prefix, timeout=args.timeout) as client:
-        try:
-            if args.command == "embed":
+    from poolwire.client import JobNotStoredError, PoolingClient, PoolingServiceError
+
+    subject = (f"{args.prefix}.jobs.{args.task}" if args.command == "submit"
+               else f"{args.prefix}.{args.command}")
+    try:
+        async with PoolingClient(args.nats_url, prefix=args.prefix, timeout=args.timeout,
+                                 **connect_options(args)) as client:
+            if args.command == "submit":
+                reply = await client.submit(args.task, {"input": args.texts})
+            elif args.command == "embed":
                 reply = await client.embed(args.texts, dimensions=args.dimensions)
             elif args.command == "classify":
                 reply = await client.classify(args.texts)
             else:
                 reply = await client.score(args.text_1, args.text_2)
-        except PoolingServiceError as exc:
-            print(json.dumps({"request_id": exc.request_id, "error": exc.error}), file=sys.stderr)
-            return 1
+    except PoolingServiceError as exc:
+        print(json.dumps({"request_id": exc.request_id, "error": exc.error}), file=sys.stderr)
+        return 1
+    except NatsConnectError as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return EXIT_NATS_UNAVAILABLE
+    except nats.errors.NoRespondersError:
+        print(f"poolwire: no worker serves {subject} on {redact_url(args.nats_url)}; start one "
+              f"(poolwire serve --prefix {args.prefix}) or check --prefix", file=sys.stderr)
+        return EXIT_NO_RESPONDERS
+    except nats.errors.TimeoutError:
+        print(f"poolwire: no reply on {subject} within {args.timeout:g} s; the workers may be "
+              f"overloaded: retry, or raise --timeout", file=sys.stderr)
+        return EXIT_TIMEOUT
+    except JobNotStoredError as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(reply))
     return 0
 
 
 async def operator_command(args) -> int:
     from datetime import datetime, timezone
-
-    import nats
 
     from poolwire import operators
 
@@ -166,14 +241,29 @@ async def operator_command(args) -> int:
         except ValueError as exc:
             print(f"poolwire: {exc}", file=sys.stderr)
             return 2
-    nc = await nats.connect(args.nats_url)
+    try:
+        nc = await connect(NatsOptions.from_values(args.nats_url, **connect_options(args)))
+    except NatsConnectError as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return EXIT_NATS_UNAVAILABLE
     try:
         if args.command == "stats":
             return await operators.show_stats(nc, args.prefix, args.json)
         return await operators.tail_events(nc, args.prefix, "all" if args.all else None, since,
                                            args.count, args.timeout)
     finally:
-        await nc.close()
+        await close_quietly(nc)
+
+
+def health(args) -> int:
+    import time
+
+    from poolwire.actors.health import judge, read_heartbeat
+
+    path = Path(args.health_file) if args.health_file else args.state_dir / HEALTH_FILE_NAME
+    healthy, line = judge(read_heartbeat(path), time.time(), path)
+    print(line)
+    return 0 if healthy else 1
 
 
 def run_benchmark(argv: list[str]) -> int:
@@ -201,7 +291,18 @@ def main(argv=None) -> int:
         except ValidationError as exc:
             print(f"poolwire: {exc}", file=sys.stderr)
             return 2
-        return asyncio.run(serve(settings))
+        # SIGTERM while the model loads (before the worker's own handlers exist) stops it
+        # like Ctrl-C: nothing is in flight yet, so that is a clean stop.
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            return asyncio.run(serve(settings))
+        except KeyboardInterrupt:
+            print("poolwire: stopped before serving", file=sys.stderr)
+            return 0
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    if args.command == "health":
+        return health(args)
     if args.command in ("events", "stats"):
         try:
             return asyncio.run(operator_command(args))

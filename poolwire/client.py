@@ -1,13 +1,17 @@
 """PoolingClient: an async client for poolwire workers over NATS (PROTOCOL.md)."""
 
 import asyncio
+import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
-import nats
+import nats.errors
+import nats.js.errors
 
+from poolwire.nats_connect import NatsOptions, close_quietly, connect
 from poolwire.schemas.codec import decode
 from poolwire.whole_reply import assemble_stream, merge_replies, split_body
 
@@ -22,34 +26,64 @@ class PoolingServiceError(Exception):
         self.error = error
 
 
+class JobNotStoredError(Exception):
+    """A durable job that no JetStream stream stored, even after retrying the publish."""
+
+
 def _check(frame: dict[str, Any]) -> dict[str, Any]:
     if "error" in frame:
         raise PoolingServiceError(frame.get("request_id", ""), frame["error"])
     return frame
 
 
+# Request ids of answered durable jobs remembered to tell a repeated frame from a stray one;
+# bounded so a long-lived client does not grow without end.
+_ANSWERED_KEPT = 100_000
+
+
 class PoolingClient:
-    """`async with PoolingClient(url) as c: reply = await c.embed(["hello"])`."""
+    """`async with PoolingClient(url) as c: reply = await c.embed(["hello"])`.
+
+    Given a URL (several comma-separated for a cluster) it opens its own connection, with the
+    keyword options of poolwire.nats_connect.NatsOptions: creds, nkey, user, password, token,
+    ca, cert, key, inbox_prefix, connect_timeout_s, reconnect_wait_s. An unreachable server or
+    refused credentials raise NatsConnectError (one line) within connect_timeout_s."""
 
     def __init__(self, nc_or_url: Any = "nats://127.0.0.1:4222", prefix: str = "pooling",
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, **connect_options: Any) -> None:
         self._nc_or_url = nc_or_url
         self._own = isinstance(nc_or_url, str)
+        self._connect_options = NatsOptions.from_values(nc_or_url, **connect_options) \
+            if self._own else None
         self.nc = None if self._own else nc_or_url
         self.prefix = prefix
         self.timeout = timeout
+        # Durable jobs (`submit`): one inbox for all of them, frames matched by request_id.
+        self._jobs_inbox: str | None = None
+        self._jobs_sub = None
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._answered: OrderedDict[str, None] = OrderedDict()
+        self.job_frames = 0          # final frames received for durable jobs, repeats included
+        self.duplicates_dropped = 0  # of those, repeats of an answered job (at-least-once)
+        self.publish_retries = 0     # JetStream publishes tried again (e.g. a leader election)
 
     async def __aenter__(self) -> "PoolingClient":
         if self.nc is None:
-            self.nc = await nats.connect(self._nc_or_url)
+            self.nc = await connect(self._connect_options)
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
     async def close(self) -> None:
+        if self._jobs_sub is not None:
+            try:
+                await self._jobs_sub.unsubscribe()
+            except nats.errors.Error:
+                pass  # the connection is already gone
+            self._jobs_sub = None
         if self._own and self.nc is not None:
-            await self.nc.close()
+            await close_quietly(self.nc)
             self.nc = None
 
     async def request(self, task: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
@@ -96,6 +130,74 @@ class PoolingClient:
                     return
         finally:
             await sub.unsubscribe()
+
+    async def submit(self, task: str, body: dict[str, Any], timeout: float | None = None,
+                     publish_retry_s: float = 10.0) -> dict[str, Any]:
+        """A durable job (PROTOCOL.md "Durable mode"): published through JetStream to
+        `P.jobs.<task>`, kept until a worker answered it, so it survives worker deaths and
+        restarts. Returns the one-message reply; raises PoolingServiceError on an error frame.
+        Delivery is at least once: repeated frames of an answered job are dropped by request_id
+        (counted in `duplicates_dropped`). Publishing is retried for `publish_retry_s` seconds,
+        which covers a stream leader election (about 4.3 s measured, NATS.md section 7)."""
+        body = {k: v for k, v in body.items() if v is not None}
+        if body.get("stream"):
+            raise ValueError("submit returns one reply message; drop `stream` (a durable job's "
+                             "frames are not streamed through submit)")
+        request_id = body.setdefault("request_id", uuid.uuid4().hex)
+        await self._ensure_jobs_inbox()
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        try:
+            await self._publish_job(task, msgpack.packb(body, use_bin_type=True), request_id,
+                                    publish_retry_s)
+            frame = await asyncio.wait_for(future, timeout or self.timeout)
+        finally:
+            self._waiting.pop(request_id, None)
+        return _check(frame)
+
+    async def _ensure_jobs_inbox(self) -> None:
+        if self._jobs_sub is None:
+            self._jobs_inbox = self.nc.new_inbox()
+            self._jobs_sub = await self.nc.subscribe(self._jobs_inbox, cb=self._on_job_frame)
+
+    async def _on_job_frame(self, msg) -> None:
+        try:
+            frame, _ = decode(msg.data)
+        except Exception:  # not a poolwire frame: nothing waits for it
+            return
+        request_id = frame.get("request_id")
+        self.job_frames += 1
+        future = self._waiting.get(request_id)
+        if future is None or future.done():
+            if request_id in self._answered:
+                self.duplicates_dropped += 1
+            return
+        future.set_result(frame)
+        self._answered[request_id] = None
+        if len(self._answered) > _ANSWERED_KEPT:
+            self._answered.popitem(last=False)
+
+    async def _publish_job(self, task: str, data: bytes, request_id: str, retry_s: float) -> None:
+        subject = f"{self.prefix}.jobs.{task}"
+        headers = {"Pooling-Reply-To": self._jobs_inbox, "Nats-Msg-Id": request_id}
+        js = self.nc.jetstream()
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                await js.publish(subject, data, headers=headers, timeout=2.0)
+                return
+            except (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
+                    nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                    nats.errors.ConnectionReconnectingError) as exc:
+                # The same id is sent again, so a publish that was stored after all is not
+                # stored twice (the stream de-duplicates by Nats-Msg-Id).
+                if time.monotonic() >= deadline:
+                    raise JobNotStoredError(
+                        f"no JetStream stream took {subject} within {retry_s} s ({exc!r}); "
+                        f"start a worker with --durable (it creates the stream) or check the "
+                        f"NATS cluster") from exc
+                self.publish_retries += 1
+                await asyncio.sleep(0.2)
 
     async def embed(self, input, **options) -> dict[str, Any]:
         return await self.request("embed", {"input": input, **options})

@@ -64,6 +64,29 @@ def stats_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str
     return sorted(rows)
 
 
+INTAKE_COLUMNS = ("worker", "intake", "jobs pending", "in progress", "redelivered",
+                  "dead-lettered", "completed")
+
+
+def intake_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str, ...]]:
+    """One row per durable intake (`durable` jobs, `pipeline`) of each worker that runs one."""
+    rows = []
+    for answer in answers:
+        meta = answer.get("metadata") or {}
+        if prefix is not None and meta.get("prefix") != prefix:
+            continue
+        for endpoint in answer.get("endpoints") or []:
+            data = endpoint.get("data") or {}
+            for intake in ("durable", "pipeline"):
+                c = data.get(intake)
+                if isinstance(c, dict):
+                    rows.append((meta.get("worker", answer.get("id", "?")), intake,
+                                 *(str(c.get(k, 0)) for k in ("pending", "in_progress",
+                                                              "redelivered", "dead_lettered",
+                                                              "completed"))))
+    return sorted(rows)
+
+
 def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip()
@@ -101,6 +124,10 @@ async def show_stats(nc, prefix: str | None, as_json: bool) -> int:
               + (f" for prefix {prefix}" if prefix else ""), file=sys.stderr)
         return 1
     print(format_table(STATS_COLUMNS, rows))
+    intakes = intake_rows(answers, prefix)
+    if intakes:  # workers with --durable or a pipeline
+        print()
+        print(format_table(INTAKE_COLUMNS, intakes))
     return 0
 
 

@@ -6,13 +6,16 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, CliImplicitFlag, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "POOLWIRE_"
 
 # Variables every NATS tool reads, accepted under their usual names below POOLWIRE_<FIELD>.
-PLAIN_ENV = {"nats_url": "NATS_URL"}
+PLAIN_ENV = {"nats_url": "NATS_URL", "nats_creds": "NATS_CREDS", "nats_nkey": "NATS_NKEY",
+             "nats_user": "NATS_USER", "nats_password": "NATS_PASSWORD",
+             "nats_token": "NATS_TOKEN", "nats_ca": "NATS_CA", "nats_cert": "NATS_CERT",
+             "nats_key": "NATS_KEY"}
 
 
 class _PlainNatsEnv(PydanticBaseSettingsSource):
@@ -46,7 +49,39 @@ class WorkerSettings(BaseSettings):
                            "shares this prefix and queue group (NATS then splits requests "
                            "between them); by default such a worker refuses to start")
     nats_url: str | None = Field(
-        None, description="NATS server (also NATS_URL); none: start an embedded one")
+        None, description="NATS server, or every URL of a cluster comma-separated (also "
+                          "NATS_URL; user:password@ or token@ in it work too); none: start an "
+                          "embedded one")
+    nats_creds: Path | None = Field(
+        None, description="NATS credentials file, user JWT and NKey seed (also NATS_CREDS)")
+    nats_nkey: Path | None = Field(None, description="NATS NKey seed file (also NATS_NKEY)")
+    nats_user: str | None = Field(None, description="NATS user (also NATS_USER)")
+    nats_password: SecretStr | None = Field(
+        None, description="NATS password (also NATS_PASSWORD; prefer the variable to the option, "
+                          "which other users can see in the process list)")
+    nats_token: SecretStr | None = Field(None, description="NATS token (also NATS_TOKEN)")
+    nats_ca: Path | None = Field(
+        None, description="CA certificate file that signed the NATS server's (also NATS_CA)")
+    nats_cert: Path | None = Field(
+        None, description="TLS client certificate file, with --nats-key (also NATS_CERT)")
+    nats_key: Path | None = Field(None, description="TLS client key file (also NATS_KEY)")
+    nats_inbox_prefix: str | None = Field(
+        None, description="prefix of this worker's own reply subjects (JetStream calls), for "
+                          "permissions that keep each user's inbox apart; default _INBOX")
+    nats_connect_timeout_s: float = Field(
+        5.0, gt=0, description="at start, give up (exit 3) when NATS does not accept the "
+                               "connection within this many seconds")
+    nats_reconnect_wait_s: float = Field(
+        0.25, gt=0, description="after a lost connection, wait between 1/2 and 1 times this "
+                                "before each reconnect attempt (jitter)")
+    probe_interval_s: float = Field(
+        1.0, gt=0, description="self-check: send a probe through the server this often")
+    probe_timeout_s: float = Field(
+        3.0, gt=0, description="self-check: a probe not back within this many seconds while "
+                               "connected means deaf: reconnect, then exit 4")
+    health_file: Path | None = Field(
+        None, description="heartbeat file for `poolwire health`; default: "
+                          "<state-dir>/health.json")
     nats_port: int = Field(4222, description="port of the embedded nats-server (-1: any free port)")
     state_dir: Path = Field(Path(".poolwire"), description="embedded server's JetStream store")
     max_batch_tokens: int = Field(8192, ge=1, description="padded tokens per forward pass")
@@ -56,6 +91,24 @@ class WorkerSettings(BaseSettings):
         16, ge=0, description="an item joins a batch only if it adds at most this many padding tokens")
     max_queued_tokens: int = Field(262144, ge=1, description="admission bound; past it: overloaded")
     drain_timeout_s: float = Field(30.0, gt=0, description="how long a drain waits for in-flight work")
+    durable: CliImplicitFlag[bool] = Field(False, description="also take durable jobs from P.jobs.<task> (JetStream)")
+    durable_max_deliveries: int = Field(
+        5, ge=1, description="deliveries of a failing durable job or document before P.dead.<task>")
+    durable_ack_wait_s: float = Field(
+        30.0, gt=0, description="a job unacked this long (worker gone) is delivered again")
+    durable_capacity: int = Field(256, ge=1, description="durable jobs a worker holds unacked at once")
+    durable_replicas: int = Field(1, ge=1, description="replicas of the jobs and dead-letter streams it creates")
+    pipeline_stream: str | None = Field(None, description="consume this existing stream as a pipeline")
+    pipeline_input: str | None = Field(
+        None, description="pipeline input subjects <input>.> (e.g. docs.in)")
+    pipeline_output: str | None = Field(
+        None, description="results go to <output>.<rest of the input subject> (e.g. docs.embedded)")
+    pipeline_text_field: str = Field("text", description="document field holding the text (or texts)")
+    pipeline_id_field: str | None = Field(
+        None, description="document field holding its id; default: the stream sequence")
+    pipeline_task: str | None = Field(None, description="pipeline task; default: the configured task")
+    pipeline_truncate: CliImplicitFlag[bool] = Field(
+        True, description="cut documents longer than the model's maximum instead of failing them")
     metrics_port: int | None = Field(
         None, ge=0, le=65535,
         description="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port); none: off")

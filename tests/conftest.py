@@ -116,3 +116,13 @@ def start_worker(nats_server, prefix):
             await worker.stop()
 
     return _start
+
+
+@pytest.fixture
+def report(request):
+    """`report(what, **figures)`: one line of the figures a failure test measured, for
+    RELIABILITY.md (`pytest -s` shows them)."""
+    def _report(what: str, **figures) -> None:
+        values = ", ".join(f"{k}={v}" for k, v in figures.items())
+        print(f"\nFIGURES {request.node.name}: {what}: {values}")
+    return _report

@@ -1,0 +1,429 @@
+"""Durable intake (PROTOCOL.md "Durable mode"): one more ingest actor. It pulls messages from a
+JetStream durable consumer, only as many as admission allows, and hands them to the same
+validator and engine as request/reply traffic, under a reply subject the Replier routes back
+here. So it learns each reply frame, forwards it, and acks the message only once the final frame
+went out; a worker that dies before that leaves the message to be delivered again.
+
+`JetStreamIntake` is what durable jobs (`DurableJobs`, `P.jobs.<task>`) and pipelines
+(actors/pipeline.py) share: pulling, in-progress acks, retries, dead letters, drain. The
+engine never learns where a request came from."""
+
+import asyncio
+import itertools
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from poolwire.actors.durable_policy import Outcome, compute_alone, exhausted, on_error, pull_size, retry_delay
+from poolwire.actors.framing import error_frame
+from poolwire.actors.ingest import new_request_id
+from poolwire.actors.messages import Incoming
+from poolwire.actors.runtime import Actor, MailboxFull
+from poolwire.schemas.codec import WireFormat, decode, sniff_format
+from poolwire.schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.requests import request_id_of
+
+log = logging.getLogger(__name__)
+
+REPLY_TO_HEADER = "Pooling-Reply-To"
+MSG_ID_HEADER = "Nats-Msg-Id"
+JOBS_DUPLICATE_WINDOW_S = 120.0          # the server's default, stated so it is not a surprise
+DEAD_MAX_AGE_S = 30 * 24 * 3600          # dead letters are kept a month for inspection
+DEAD_MAX_BYTES = 256 * 1024 * 1024
+PUBLISH_TIMEOUT_S = 5.0                  # a PubAck through a leader election (NATS.md 7: ~4.3 s)
+
+
+def stream_name(kind: str, prefix: str) -> str:
+    return f"POOLWIRE_{kind}_" + re.sub(r"[^A-Za-z0-9_-]", "_", prefix.upper())
+
+
+def consumer_name(*parts: str) -> str:
+    """A durable name from free text: JetStream refuses `.`, `*`, `>` and white space in it."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", "_".join(("poolwire",) + parts))
+
+
+def dead_subject(prefix: str, task: str) -> str:
+    return f"{prefix}.dead.{task}"
+
+
+async def ensure_stream(js, captures: str, config: StreamConfig) -> str:
+    """The stream that captures `captures`: an existing one (an operator's, or another
+    worker's) is used as it is; else ours is created. Two workers starting at once may both
+    create it: the loser finds the winner's."""
+    try:
+        existing = await js.find_stream_name_by_subject(captures)
+    except NotFoundError:
+        existing = None
+    if existing:
+        return existing
+    try:
+        await js.add_stream(config)
+    except Exception as exc:
+        try:
+            return await js.find_stream_name_by_subject(captures)
+        except NotFoundError:
+            raise RuntimeError(f"could not create stream {config.name} for {captures} ({exc}); "
+                               f"check the server's JetStream limits, or create a stream that "
+                               f"captures {captures} yourself") from exc
+    log.info("created stream %s for %s", config.name, captures)
+    return config.name
+
+
+async def ensure_dead_stream(js, prefix: str, replicas: int) -> str:
+    return await ensure_stream(js, f"{prefix}.dead.>", StreamConfig(
+        name=stream_name("DEAD", prefix), subjects=[f"{prefix}.dead.>"],
+        storage=StorageType.FILE, max_age=DEAD_MAX_AGE_S, max_bytes=DEAD_MAX_BYTES,
+        num_replicas=replicas))
+
+
+@dataclass(frozen=True)
+class IntakeLimits:
+    max_deliveries: int = 5          # deliveries of a failing job before it is dead-lettered
+    ack_wait_s: float = 30.0         # redelivery after a worker went silent on a message
+    capacity: int = 256              # messages this worker holds unacked at once
+    batch: int = 64                  # messages per pull
+    retry_base_s: float = 0.5        # nak delay of a failed job, times its delivery count
+    max_queued_tokens: int = 262144  # the engine's admission bound
+
+
+@dataclass(eq=False)
+class Tracked:
+    """A message taken from JetStream and not yet settled (acked, naked or terminated)."""
+
+    msg: Any
+    local: str            # the in-process reply subject the Replier routes to this intake
+    request_id: str
+    task_name: str
+    fmt: WireFormat
+    streamed: bool
+    deliveries: int
+    context: Any = None   # the subclass's own: a reply subject, a pipeline document's place
+
+
+def _is_done(body: bytes, fmt: WireFormat) -> bool:
+    frame, _ = decode(body)
+    return bool(frame.get("done"))
+
+
+class JetStreamIntake(Actor):
+    """The mailbox takes the frames the Replier routes here (from the validator's and the
+    engine's tasks), so publishing results and acking never hold up the engine."""
+
+    name = "jetstream-intake"
+
+    def __init__(self, nc, prefix: str, validator: Actor, replier, engine,
+                 limits: IntakeLimits, replicas: int = 1, mailbox_size: int = 1 << 16) -> None:
+        super().__init__(mailbox_size)
+        self._nc = nc
+        self._js = nc.jetstream()
+        self.prefix = prefix
+        self._validator = validator
+        self._replier = replier
+        self._engine = engine
+        self.limits = limits
+        self.replicas = replicas
+        self._psub = None
+        self._flights: dict[str, Tracked] = {}
+        self._by_seq: dict[int, str] = {}  # stream sequence -> its flight's local subject
+        self._ids = itertools.count()
+        self._room = asyncio.Event()   # set when a flight settles: there may be room to pull
+        self._stopping = False
+        self._pulling_done = asyncio.Event()
+        self.pending = 0               # messages left for the consumer, as JetStream last said
+        self.redelivered = 0
+        self.dead_lettered = 0
+        self.retried = 0
+        self.completed = 0
+
+    # ---- set-up (subclasses create their stream and consumer) ----
+
+    async def bind(self) -> None:
+        raise NotImplementedError
+
+    async def _bind_consumer(self, stream: str, durable: str, filter_subject: str) -> None:
+        # max_deliver unbounded: the worker enforces the bound itself (durable_policy), so that
+        # a job past it is dead-lettered and terminated rather than left in the stream unseen.
+        await self._js.add_consumer(stream, ConsumerConfig(
+            durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.limits.ack_wait_s,
+            max_deliver=-1, filter_subject=filter_subject, max_ack_pending=10000))
+        self._psub = await self._js.pull_subscribe_bind(durable=durable, stream=stream)
+        self.stream, self.durable = stream, durable
+
+    # ---- what subclasses define ----
+
+    def parse(self, msg, local: str, deliveries: int) -> tuple[Tracked, Incoming | PoolingError]:
+        """The message as a request for the validator, or the error that answers it."""
+        raise NotImplementedError
+
+    async def forward(self, t: Tracked, body: bytes, headers: dict | None) -> None:
+        """A streamed item frame."""
+
+    async def deliver(self, t: Tracked, body: bytes, headers: dict | None) -> bool:
+        """The final frame; False when it could not be stored (the message is retried)."""
+        raise NotImplementedError
+
+    async def deliver_error(self, t: Tracked, error: PoolingError, headers: dict | None) -> bool:
+        raise NotImplementedError
+
+    # ---- figures for $SRV.STATS ----
+
+    def counters(self) -> dict[str, int]:
+        return {"pending": self.pending, "in_progress": len(self._flights),
+                "redelivered": self.redelivered, "dead_lettered": self.dead_lettered,
+                "retried": self.retried, "completed": self.completed}
+
+    @property
+    def backlog(self) -> int:
+        return super().backlog + len(self._flights)
+
+    # ---- pulling ----
+
+    async def pull_loop(self) -> None:
+        fetch_timeout = max(0.05, min(1.0, self.limits.ack_wait_s / 2))
+        failures = 0
+        while not self._stopping:
+            n = pull_size(len(self._flights), self.limits.capacity, self._engine.queued_tokens,
+                          self.limits.max_queued_tokens, self.limits.batch)
+            if n == 0:
+                # Flights settling set the event; the engine's queue shrinks without one, so
+                # look again after a short while as well.
+                self._room.clear()
+                try:
+                    await asyncio.wait_for(self._room.wait(), 0.05)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            try:
+                msgs = await self._psub.fetch(n, timeout=fetch_timeout)
+                failures = 0
+            except asyncio.TimeoutError:  # nats.errors.TimeoutError is one: nothing to do
+                continue
+            except Exception as exc:  # the server is away (node lost, leader election)
+                failures += 1
+                if failures == 1 or failures % 50 == 0:
+                    log.warning("%s: pulling from %s failed (%r); retrying", self.name,
+                                self.durable, exc)
+                await asyncio.sleep(min(1.0, 0.05 * failures))  # back off while it is away
+                continue
+            for msg in msgs:
+                await self._take(msg)
+        self._pulling_done.set()
+
+    async def progress_loop(self) -> None:
+        """In-progress acks for work that takes longer than ack_wait (a long queue, a slow
+        model), so JetStream does not hand it to another worker meanwhile."""
+        while True:
+            await asyncio.sleep(self.limits.ack_wait_s / 3)
+            for t in list(self._flights.values()):
+                await self._settle(t.msg.in_progress())
+
+    async def _take(self, msg) -> None:
+        meta = msg.metadata
+        deliveries = meta.num_delivered
+        self.pending = meta.num_pending
+        if deliveries > 1:
+            self.redelivered += 1
+        if self._stopping:  # not started: left to another worker at once
+            await self._settle(msg.nak())
+            return
+        running = self._flights.get(self._by_seq.get(meta.sequence.stream, ""))
+        if running is not None:
+            # Delivered again while this worker still computes it (its in-progress acks came
+            # late, e.g. a stalled event loop): settle the newest delivery, compute it once.
+            running.msg, running.deliveries = msg, deliveries
+            return
+        local = f"_POOLWIRE.{self.name}.{next(self._ids)}"
+        tracked, request = self.parse(msg, local, deliveries)
+        if isinstance(request, PoolingError):
+            await self._reject(tracked, request, None)
+            return
+        if exhausted(deliveries, self.limits.max_deliveries):
+            await self._dead_letter(tracked, PoolingError(
+                ErrorCode.INTERNAL,
+                f"job {tracked.request_id} was delivered {deliveries} times without an answer "
+                f"(the workers that took it stopped before answering); it is kept in "
+                f"{dead_subject(self.prefix, tracked.task_name)}"), None)
+            return
+        self._flights[local] = tracked
+        self._by_seq[meta.sequence.stream] = local
+        self._replier.route(local, self)
+        try:
+            self._validator.tell(request)
+        except MailboxFull:
+            self._finish(tracked)
+            await self._settle(msg.nak(delay=self.limits.retry_base_s))
+
+    # ---- frames routed here by the Replier (called from other actors' tasks) ----
+
+    async def frame(self, subject: str, body: bytes, headers: dict | None) -> None:
+        self.tell(("frame", subject, body, headers))
+
+    async def error(self, subject: str, request_id: str, error: PoolingError,
+                    fmt: WireFormat, headers: dict | None) -> None:
+        self.tell(("error", subject, error, headers))
+
+    async def receive(self, message) -> None:
+        kind, local, payload, headers = message
+        t = self._flights.get(local)
+        if t is None:
+            return  # settled already
+        if kind == "frame":
+            if t.streamed and not _is_done(payload, t.fmt):
+                await self.forward(t, payload, headers)
+                return
+            self._finish(t)
+            if await self.deliver(t, payload, headers):
+                self.completed += 1
+                await self._settle(t.msg.ack())
+            else:
+                self.retried += 1
+                await self._settle(t.msg.nak(delay=self.limits.retry_base_s))
+            return
+        error: PoolingError = payload
+        self._finish(t)
+        outcome = on_error(error.code, t.deliveries, self.limits.max_deliveries)
+        if outcome is Outcome.RETRY:
+            self.retried += 1
+            log.warning("%s: job %s failed on delivery %d of %d (%s); it is delivered again",
+                        self.name, t.request_id, t.deliveries, self.limits.max_deliveries,
+                        error.message)
+            await self._settle(t.msg.nak(delay=retry_delay(t.deliveries, self.limits.retry_base_s)))
+        elif outcome is Outcome.REJECT:
+            await self._reject(t, error, headers)
+        else:
+            await self._dead_letter(t, error, headers)
+
+    async def on_failure(self, message, exc: BaseException) -> None:
+        t = self._flights.get(message[1])
+        if t is not None:  # nothing settled it: let JetStream deliver it again
+            self._finish(t)
+            await self._settle(t.msg.nak(delay=self.limits.retry_base_s))
+
+    # ---- settling ----
+
+    def _finish(self, t: Tracked) -> None:
+        self._flights.pop(t.local, None)
+        seq = t.msg.metadata.sequence.stream
+        if self._by_seq.get(seq) == t.local:
+            del self._by_seq[seq]
+        self._replier.unroute(t.local)
+        self._room.set()
+
+    async def _settle(self, ack) -> None:
+        """An ack, nak or term that cannot be sent is not an error: JetStream delivers the
+        message again after ack_wait, and clients drop the repeated frames."""
+        try:
+            await ack
+        except Exception as exc:
+            log.info("%s: could not settle a message (%r); it will be delivered again",
+                     self.name, exc)
+
+    async def _reject(self, t: Tracked, error: PoolingError, headers: dict | None) -> None:
+        if await self.deliver_error(t, error, headers):
+            await self._settle(t.msg.term())
+        else:  # the error could not be stored: deliver it again rather than lose it
+            await self._settle(t.msg.nak(delay=self.limits.retry_base_s))
+
+    async def _dead_letter(self, t: Tracked, error: PoolingError, headers: dict | None) -> None:
+        record = {"request_id": t.request_id, "task": t.task_name, "deliveries": t.deliveries,
+                  "error": error.to_wire(), "job": bytes(t.msg.data)}
+        # The job's own headers go along; expectations of the original publish would refuse
+        # the dead letter.
+        kept = {k: v for k, v in (t.msg.headers or {}).items()
+                if not k.startswith("Nats-Expected")}
+        subject = dead_subject(self.prefix, t.task_name)
+        try:
+            await self._js.publish(subject, msgpack.packb(record, use_bin_type=True),
+                                   headers=kept or None, timeout=PUBLISH_TIMEOUT_S)
+        except Exception as exc:  # not stored: deliver it again rather than lose it
+            log.error("%s: could not dead-letter job %s to %s (%r); it is delivered again",
+                      self.name, t.request_id, subject, exc)
+            await self._settle(t.msg.nak(delay=self.limits.retry_base_s))
+            return
+        self.dead_lettered += 1
+        log.error("%s: job %s failed on %d deliveries (%s); dead-lettered to %s", self.name,
+                  t.request_id, t.deliveries, error.message, subject)
+        await self._reject(t, error, headers)
+
+    # ---- drain ----
+
+    async def stop_intake(self) -> None:
+        """Pull no more; what was pulled but not started is naked by the pull loop, what was
+        started is answered (the worker waits for `backlog`)."""
+        self._stopping = True
+        if self._psub is None:
+            return
+        try:
+            await asyncio.wait_for(self._pulling_done.wait(), 2.0)
+        except asyncio.TimeoutError:
+            log.warning("%s: the pull loop did not stop in time", self.name)
+        try:
+            await self._psub.unsubscribe()
+        except Exception as exc:
+            log.info("%s: could not unsubscribe (%r)", self.name, exc)
+
+
+class DurableJobs(JetStreamIntake):
+    """`P.jobs.<task>` through a work-queue stream and one durable consumer per queue group."""
+
+    name = "durable"
+
+    def __init__(self, *args, queue: str = "poolwire", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue = queue
+        self._root = f"{self.prefix}.jobs."
+
+    async def bind(self) -> None:
+        captures = f"{self.prefix}.jobs.>"
+        stream = await ensure_stream(self._js, captures, StreamConfig(
+            name=stream_name("JOBS", self.prefix), subjects=[captures],
+            retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
+            duplicate_window=JOBS_DUPLICATE_WINDOW_S, num_replicas=self.replicas))
+        await ensure_dead_stream(self._js, self.prefix, self.replicas)
+        try:
+            await self._bind_consumer(stream, consumer_name(self.queue), captures)
+        except Exception as exc:
+            raise RuntimeError(
+                f"could not create the durable consumer {consumer_name(self.queue)!r} on stream "
+                f"{stream!r} ({exc}); a work-queue stream allows one consumer per subject, so "
+                f"every durable worker of prefix {self.prefix!r} must use the same --queue") from exc
+        log.info("durable jobs: pulling %s from stream %s, consumer %s", captures, stream,
+                 self.durable)
+
+    def parse(self, msg, local: str, deliveries: int):
+        headers = msg.headers or {}
+        meta = msg.metadata
+        task_name = msg.subject[len(self._root):]
+        # Stable across deliveries even when the client sent no id: the stream position.
+        fallback = headers.get(MSG_ID_HEADER) or f"{meta.stream}:{meta.sequence.stream}"
+        try:
+            body, fmt = decode(msg.data)
+        except PoolingError as err:
+            return Tracked(msg, local, fallback, task_name, sniff_format(msg.data), False,
+                           deliveries, headers.get(REPLY_TO_HEADER, "")), err
+        request_id = request_id_of(body) or fallback or new_request_id()
+        t = Tracked(msg, local, request_id, task_name, fmt, body.get("stream") is True,
+                    deliveries, headers.get(REPLY_TO_HEADER, ""))
+        return t, Incoming(reply=local, task_name=task_name, body=body, fmt=fmt,
+                           request_id=request_id, received_at=time.monotonic(),
+                           solo=compute_alone(deliveries, self.limits.max_deliveries))
+
+    async def forward(self, t: Tracked, body: bytes, headers: dict | None) -> None:
+        if t.context:
+            await self._nc.publish(t.context, body, headers=headers or None)
+
+    async def deliver(self, t: Tracked, body: bytes, headers: dict | None) -> bool:
+        await self.forward(t, body, headers)
+        return True
+
+    async def deliver_error(self, t: Tracked, error: PoolingError, headers: dict | None) -> bool:
+        if t.context:
+            body, service = error_frame(t.request_id, error, t.fmt)
+            await self._nc.publish(t.context, body, headers={**(headers or {}), **service})
+        return True

@@ -1,0 +1,204 @@
+"""Durable jobs through failures: a worker SIGKILLed mid-stream, a worker drained by SIGTERM,
+and a node of a three-node JetStream cluster SIGKILLed under load. Workers are subprocesses
+(`python -m poolwire serve`) killed by PID. Each test prints its figures as one JSON line
+(RELIABILITY.md "Durable jobs and pipelines" quotes them)."""
+
+import asyncio
+import json
+import time
+
+import nats
+import pytest
+from nats.js.api import StreamConfig
+
+from poolwire.actors.durable import stream_name
+from poolwire.actors.worker import Worker
+from poolwire.client import PoolingClient
+from poolwire.settings import WorkerSettings
+from tests.procs import NatsCluster, WorkerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+
+
+class Load:
+    """Durable jobs submitted together, with an event once `mark` of them are answered."""
+
+    def __init__(self, client: PoolingClient, mark: int, tag: str) -> None:
+        self.client, self.tag = client, tag
+        self.answered = 0
+        self.mark = mark
+        self.reached = asyncio.Event()
+        self.tasks: list[asyncio.Task] = []
+
+    def submit(self, start: int, count: int) -> None:
+        self.tasks += [asyncio.create_task(self._job(i)) for i in range(start, start + count)]
+
+    async def _job(self, i: int) -> dict:
+        reply = await self.client.submit("embed", {"input": f"{self.tag} document {i}",
+                                                   "request_id": f"{self.tag}-{i}"})
+        self.answered += 1
+        if self.answered >= self.mark:
+            self.reached.set()
+        return reply
+
+    async def results(self, timeout: float) -> tuple[list[str], list[BaseException]]:
+        results = await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True),
+                                         timeout)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        return [r["request_id"] for r in results if not isinstance(r, BaseException)], errors
+
+
+def report(name: str, **figures) -> None:
+    print(json.dumps({"test": name, **figures}))
+
+
+async def durable_stats(nc) -> dict:
+    reply = await nc.request("$SRV.STATS.poolwire", b"", timeout=5)
+    return json.loads(reply.data)["endpoints"][0]["data"]["durable"]
+
+
+@pytest.mark.timeout(240)
+async def test_a_worker_killed_mid_stream_loses_no_job(nats_server, prefix, tmp_path):
+    jobs = 1000
+    options = ("--durable", "--durable-ack-wait-s", "1")
+    first, second = (WorkerProcess(nats_server.url, prefix, *options, log_dir=tmp_path)
+                     for _ in range(2))
+    await asyncio.gather(first.start(), second.start())
+    nc = await nats.connect(nats_server.url)
+    try:
+        client = PoolingClient(nc, prefix=prefix, timeout=150)
+        load = Load(client, mark=jobs * 3 // 10, tag="kill")
+        started = time.monotonic()
+        load.submit(0, jobs)
+        await asyncio.wait_for(load.reached.wait(), 120)
+        first.kill()
+        killed = time.monotonic()
+        answered_before_kill = load.answered
+        ids, errors = await load.results(180)
+        finished = time.monotonic()
+        stats = await durable_stats(nc)  # only the survivor answers now
+        report("worker_kill", jobs=jobs, answered=len(ids), lost=jobs - len(ids),
+               errors=len(errors), answered_before_kill=answered_before_kill,
+               duplicates_before_dedup=client.duplicates_dropped,
+               duplicates_after_dedup=len(ids) - len(set(ids)),
+               redelivered_to_survivor=stats["redelivered"],
+               all_answered_s_after_kill=round(finished - killed, 2),
+               total_s=round(finished - started, 2))
+        assert not errors, errors[:3]
+        assert sorted(ids) == sorted(f"kill-{i}" for i in range(jobs))
+        assert stats["redelivered"] > 0  # the killed worker held jobs, and they came back
+    finally:
+        await nc.close()
+        await asyncio.gather(first.close(), second.close())
+
+
+@pytest.mark.timeout(180)
+async def test_a_drained_worker_answers_what_it_started_and_leaves_the_rest(minilm, start_worker, nats_server, prefix, tmp_path):
+    """The drained worker runs in this process, the other is a subprocess. ack_wait is a minute
+    here: a job the draining worker dropped would come back only after it, so every job
+    answered well within the minute means drain lost nothing."""
+    jobs = 200
+    settings = dict(durable=True, durable_ack_wait_s=60.0, durable_capacity=32)
+    other = WorkerProcess(nats_server.url, prefix, "--durable", "--durable-ack-wait-s", "60",
+                          "--durable-capacity", "32", log_dir=tmp_path)
+    other_started = asyncio.create_task(other.start())
+    nc = await nats.connect(nats_server.url)
+    try:
+        async with start_worker(minilm, **settings) as first:
+            await other_started
+            client = PoolingClient(nc, prefix=prefix, timeout=120)
+            load = Load(client, mark=40, tag="drain")
+            load.submit(0, jobs)
+            await asyncio.wait_for(load.reached.wait(), 90)
+            drained = time.monotonic()
+            await first.stop()
+            drain_s = time.monotonic() - drained
+            ids, errors = await load.results(45)
+        report("drain", jobs=jobs, answered=len(ids), lost=jobs - len(ids),
+               duplicates_before_dedup=client.duplicates_dropped, drain_s=round(drain_s, 2),
+               all_answered_s_after_drain_began=round(time.monotonic() - drained, 2))
+        assert not errors, errors[:3]
+        assert sorted(ids) == sorted(f"drain-{i}" for i in range(jobs))
+    finally:
+        await nc.close()
+        other_started.cancel()
+        await other.close()
+
+
+async def wait_for_jetstream(js, timeout: float = 20.0) -> None:
+    """The cluster elects its JetStream meta leader some 0.2-0.5 s after start (NATS.md 7) and
+    no event says so: try to create a replicated stream until it works, a short pause between
+    tries, bounded by the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await js.add_stream(StreamConfig(name="READY", subjects=["ready.>"], num_replicas=3))
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def leader_off(nc, js, stream: str, avoid: str, timeout: float = 20.0) -> str:
+    """Ask the stream's leader to step down until it is not on `avoid` (the client's node):
+    the node killed is then the stream leader, the hardest case. Polled: no event says when a
+    new leader is elected."""
+    deadline = time.monotonic() + timeout
+    while True:
+        leader = (await js.stream_info(stream)).cluster.leader
+        if leader and leader != avoid:
+            return leader
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the leader of {stream} stayed on {avoid}")
+        if leader == avoid:
+            await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=5)
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(240)
+async def test_a_cluster_node_killed_under_load_loses_no_job(minilm, prefix, tmp_path):
+    jobs_before, jobs_during = 200, 100
+    with NatsCluster() as cluster:
+        urls = cluster.urls
+        # The client stays on C; workers are on A and B; the stream's leader is A or B.
+        nc = await nats.connect(servers=[urls["C"], urls["A"], urls["B"]], dont_randomize=True,
+                                max_reconnect_attempts=-1)
+        js = nc.jetstream()
+        await wait_for_jetstream(js)
+        # One worker in this process on A, one subprocess on B (a subprocess costs a start).
+        options = ("--durable", "--durable-replicas", "3", "--durable-ack-wait-s", "2")
+        other = WorkerProcess(urls["B"], prefix, *options, log_dir=tmp_path)
+        here = Worker(WorkerSettings(prefix=prefix, durable=True, durable_replicas=3,
+                                     durable_ack_wait_s=2.0), minilm)
+        try:
+            await here.start(urls["A"])
+            await other.start()
+            stream = stream_name("JOBS", prefix)
+            victim = await leader_off(nc, js, stream, avoid="C")
+            client = PoolingClient(nc, prefix=prefix, timeout=150)
+            load = Load(client, mark=jobs_before // 2, tag="node")
+            started = time.monotonic()
+            load.submit(0, jobs_before)
+            await asyncio.wait_for(load.reached.wait(), 120)
+            cluster.kill(victim)
+            killed = time.monotonic()
+            load.submit(jobs_before, jobs_during)  # published through the leader election
+            ids, errors = await load.results(180)
+            finished = time.monotonic()
+            jobs = jobs_before + jobs_during
+            new_leader = (await js.stream_info(stream)).cluster.leader
+            report("cluster_node_kill", jobs=jobs, answered=len(ids), lost=jobs - len(ids),
+                   errors=len(errors), killed_node=victim, new_leader=new_leader,
+                   duplicates_before_dedup=client.duplicates_dropped,
+                   duplicates_after_dedup=len(ids) - len(set(ids)),
+                   publish_retries=client.publish_retries,
+                   all_answered_s_after_kill=round(finished - killed, 2),
+                   total_s=round(finished - started, 2))
+            assert not errors, errors[:3]
+            assert sorted(ids) == sorted(f"node-{i}" for i in range(jobs))
+            assert new_leader != victim
+        finally:
+            await nc.close()
+            await other.close()
+            await here.stop()

@@ -1,0 +1,109 @@
+"""The durable intake's pure decisions (actors/durable_policy.py) and the pipeline's subject and
+document rules (actors/pipeline.py)."""
+
+import random
+
+import pytest
+
+from poolwire.actors.durable_policy import Outcome, compute_alone, exhausted, on_error, pull_size, retry_delay
+from poolwire.actors.durable_intakes import pipeline_spec
+from poolwire.actors.pipeline import PipelineSpec, output_subject, request_for
+from poolwire.actors.task_policy import TaskPolicy
+from poolwire.schemas.tasks import Task
+from poolwire.settings import WorkerSettings
+from poolwire.schemas.errors import ErrorCode, PoolingError
+
+
+@pytest.mark.parametrize("code", [ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_TASK,
+                                  ErrorCode.TASK_NOT_CONFIGURED, ErrorCode.INPUT_TOO_LONG,
+                                  ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.DEADLINE_EXCEEDED])
+def test_the_jobs_own_errors_are_final_on_the_first_delivery(code):
+    assert on_error(code, deliveries=1, max_deliveries=5) is Outcome.REJECT
+
+
+@pytest.mark.parametrize("code", [ErrorCode.INTERNAL, ErrorCode.OVERLOADED])
+def test_transient_errors_are_retried_until_the_last_delivery_then_dead_lettered(code):
+    assert [on_error(code, d, 3) for d in (1, 2, 3)] == [Outcome.RETRY, Outcome.RETRY, Outcome.DEAD]
+    assert on_error(code, 1, 1) is Outcome.DEAD
+
+
+def test_a_delivery_past_the_bound_is_exhausted():
+    assert not exhausted(3, 3)
+    assert exhausted(4, 3)
+
+
+def test_retry_delays_grow_with_deliveries_and_are_jittered():
+    rng = random.Random(1)
+    first = [retry_delay(1, 0.5, rng) for _ in range(200)]
+    third = [retry_delay(3, 0.5, rng) for _ in range(200)]
+    assert all(0.25 <= d <= 0.75 for d in first) and all(0.75 <= d <= 2.25 for d in third)
+    assert len(set(first)) > 100  # jittered: two failed jobs rarely come back together
+
+
+def test_pull_size_keeps_within_capacity_and_stops_while_the_engine_queue_is_half_full():
+    assert pull_size(in_flight=0, capacity=256, queued_tokens=0, max_queued_tokens=1000, batch=64) == 64
+    assert pull_size(250, 256, 0, 1000, 64) == 6
+    assert pull_size(256, 256, 0, 1000, 64) == 0
+    assert pull_size(300, 256, 0, 1000, 64) == 0
+    assert pull_size(0, 256, 499, 1000, 64) == 64
+    assert pull_size(0, 256, 500, 1000, 64) == 0
+
+
+def test_output_subject_replaces_the_configured_input_root():
+    assert output_subject("docs.in.42", "docs.in", "docs.embedded") == "docs.embedded.42"
+    assert output_subject("docs.in.a.b", "docs.in", "out") == "out.a.b"
+    with pytest.raises(ValueError, match="docs.inbox.1"):
+        output_subject("docs.inbox.1", "docs.in", "docs.embedded")
+
+
+def test_a_document_becomes_a_request_and_a_missing_field_is_named():
+    spec = PipelineSpec(stream="DOCS", input="docs.in", output="docs.out", task="embed",
+                        text_field="body")
+    assert request_for({"body": "hi", "id": 3}, spec, "DOCS:7") == {
+        "input": "hi", "request_id": "DOCS:7", "truncate_prompt_tokens": -1}
+    with pytest.raises(PoolingError) as info:
+        request_for({"text": "hi"}, spec, "DOCS:8")
+    assert "'body'" in info.value.message and "text" in info.value.message
+    assert info.value.code is ErrorCode.INVALID_REQUEST
+    with pytest.raises(PoolingError, match="list"):
+        request_for(["hi"], spec, "DOCS:9")
+
+
+def test_later_deliveries_and_the_last_one_are_computed_alone():
+    assert [compute_alone(d, 5) for d in (1, 2, 3, 5)] == [False, False, True, True]
+    assert [compute_alone(d, 2) for d in (1, 2)] == [False, True]
+
+
+def test_pipeline_settings_are_checked_before_a_worker_connects():
+    policy = TaskPolicy(configured=Task.EMBED, supported=(Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
+                        multitask="warn", score_with_configured=True)
+    spec = pipeline_spec(WorkerSettings(pipeline_stream="DOCS", pipeline_input="docs.in",
+                                        pipeline_output="docs.embedded"), policy)
+    assert (spec.task, spec.input, spec.output, spec.id_field) == ("embed", "docs.in", "docs.embedded", None)
+    with pytest.raises(ValueError, match="--pipeline-output"):
+        pipeline_spec(WorkerSettings(pipeline_stream="DOCS", pipeline_input="docs.in"), policy)
+    with pytest.raises(ValueError, match="equals"):
+        pipeline_spec(WorkerSettings(pipeline_stream="DOCS", pipeline_input="a.b",
+                                     pipeline_output="a.b"), policy)
+    with pytest.raises(ValueError, match="classify.*supported tasks: embed"):
+        pipeline_spec(WorkerSettings(pipeline_stream="DOCS", pipeline_input="a", pipeline_output="b",
+                                     pipeline_task="classify"), policy)
+
+
+def test_stats_show_each_workers_durable_intakes_as_a_table():
+    from poolwire.operators import INTAKE_COLUMNS, format_table, intake_rows
+
+    counters = {"pending": 12, "in_progress": 3, "redelivered": 256, "dead_lettered": 1,
+                "retried": 2, "completed": 700}
+    answers = [{"id": "x", "metadata": {"worker": "w2", "prefix": "a"},
+                "endpoints": [{"data": {"batches": 1, "durable": counters, "pipeline": counters}}]},
+               {"id": "y", "metadata": {"worker": "w1", "prefix": "a"},
+                "endpoints": [{"data": {"batches": 1}}]},
+               {"id": "z", "metadata": {"worker": "w3", "prefix": "b"},
+                "endpoints": [{"data": {"durable": counters}}]}]
+    rows = intake_rows(answers, "a")
+    assert rows == [("w2", "durable", "12", "3", "256", "1", "700"),
+                    ("w2", "pipeline", "12", "3", "256", "1", "700")]
+    table = format_table(INTAKE_COLUMNS, rows).splitlines()
+    assert "jobs pending" in table[0] and "dead-lettered" in table[0] and len(table) == 3
+    assert len(intake_rows(answers)) == 3
