@@ -424,6 +424,7 @@ class DurableJobs(JetStreamIntake):
 
     async def deliver_error(self, t: Tracked, error: PoolingError, headers: dict | None) -> bool:
         if t.context:
-            body, service = error_frame(t.request_id, error, t.fmt)
+            # Fits max_payload with every header, as every error frame must (PROTOCOL.md).
+            body, service = error_frame(t.request_id, error, t.fmt, self._nc.max_payload, headers)
             await self._nc.publish(t.context, body, headers={**(headers or {}), **service})
         return True

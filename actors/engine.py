@@ -19,6 +19,7 @@ from poolwire.actors.metrics import WorkerMetrics
 from poolwire.actors.model import LoadedModel
 from poolwire.actors.precision import EXACT, PrecisionPlan
 from poolwire.actors.replier import Replier
+from poolwire.actors.reply_size import check_reply_fits
 from poolwire.actors.runtime import Actor
 from poolwire.actors.stats import StageStats
 from poolwire.actors.task_heads import TaskPlan, cosine_items, plan_task
@@ -100,8 +101,12 @@ class EngineActor(Actor):
 
     async def receive(self, job: Job) -> None:
         try:
+            # payload_too_large before any work (sequence-level items: from the request alone;
+            # token-level ones: once tokenized, their size being their token count).
+            check_reply_fits(job, None, self.model, self._replier.max_payload)
             with self.stats.timed("tokenize"):
                 plan = plan_task(job.task, job.request, self.model, self._tokenizing)
+            check_reply_fits(job, plan, self.model, self._replier.max_payload)
             self._admit(plan)
         except PoolingError as err:
             await self._replier.send_error(job.reply, job.request_id, err, job.fmt, job.headers)

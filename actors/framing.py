@@ -2,6 +2,7 @@
 connection's max_payload, headers included (the server counts headers + body; nats-py checks
 only the body, and an oversized message resets the connection: NATS.md section 5)."""
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,10 +146,70 @@ def _closing(request_id: str, model: str, task: str, prompt_tokens: int,
     return frame
 
 
-def error_frame(request_id: str, error: PoolingError, fmt: WireFormat) -> tuple[bytes, dict[str, str]]:
-    """The final error frame and its NATS service headers."""
-    body = encode({"request_id": request_id, "error": error.to_wire()}, fmt)
-    # Header values are single lines; keep them short enough to never crowd the payload limit.
-    message = " ".join(error.message.split())[:512]
-    headers = {"Nats-Service-Error": message, "Nats-Service-Error-Code": str(error.code.status)}
-    return body, headers
+# Nats-Service-Error repeats the message on one line; kept short so headers never crowd the body.
+HEADER_MESSAGE_CHARS = 256
+# How much of a message is kept when a frame must be shortened to fit max_payload.
+SHORT_MESSAGE_CHARS = 200
+
+
+def _encodable(text: str) -> str:
+    """Text every encoder and the NATS header block accept: lone surrogates become escapes."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return _encodable(value)
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars] + f"...(shortened from {len(text)} chars)"
+
+
+def error_frame(request_id: str, error: PoolingError, fmt: WireFormat,
+                max_payload: int | None = None,
+                headers: dict[str, str] | None = None) -> tuple[bytes, dict[str, str]]:
+    """The final error frame and its NATS service headers. With `max_payload`, the frame fits it
+    together with `headers` and the service headers (PROTOCOL.md: an error frame always fits,
+    messages are shortened if need be): first the message is cut, then the extra keys' text,
+    then a request_id too long to echo is replaced by a generated one."""
+    message = _encodable(error.message)
+    extra = {k: _clean(v) for k, v in error.extra.items()}
+    request_id = _encodable(request_id)
+
+    def build() -> tuple[bytes, dict[str, str]]:
+        one_line = " ".join(message.split())
+        service = {"Nats-Service-Error": _cut(one_line, HEADER_MESSAGE_CHARS),
+                   "Nats-Service-Error-Code": str(error.code.status)}
+        frame = {"request_id": request_id,
+                 "error": {"code": error.code.value, "message": message, **extra}}
+        return encode(frame, fmt), service
+
+    body, service = build()
+    if max_payload is None:
+        return body, service
+    hdr = headers or {}
+
+    def fits() -> bool:
+        return len(body) + header_bytes({**hdr, **service}) <= max_payload
+
+    if not fits():
+        message = _cut(message, SHORT_MESSAGE_CHARS)
+        body, service = build()
+    if not fits():
+        extra = {k: (_cut(v, 40) if isinstance(v, str) else v) for k, v in extra.items()}
+        body, service = build()
+    if not fits() and len(request_id) > 32:
+        request_id = uuid.uuid4().hex  # too long to echo: unusable, as PROTOCOL.md says
+        body, service = build()
+    if not fits():
+        extra = {}
+        body, service = build()
+    return body, service

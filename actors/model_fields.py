@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from poolwire.schemas.errors import invalid
 from poolwire.schemas.requests import PoolingRequest
+from poolwire.schemas.sanity import preview
 from poolwire.schemas.tasks import Task
 
 
@@ -75,8 +76,8 @@ def _check_prompt(task: Task, request: PoolingRequest, facts: ModelFacts) -> Non
                       f"or put the prompt's tokens in the ids yourself", field=field_name)
     if request.prompt_name is not None and request.prompt_name not in facts.prompts:
         defined = ", ".join(sorted(facts.prompts)) or "none"
-        raise invalid(f"prompt_name {request.prompt_name!r} is not a prompt of {facts.name}; "
-                      f"it defines: {defined}", field="prompt_name")
+        raise invalid(f"prompt_name {preview(request.prompt_name)} is not a prompt of "
+                      f"{facts.name}; it defines: {defined}", field="prompt_name")
 
 
 def prompt_for(task: Task, request: PoolingRequest, prompts: dict[str, str],

@@ -15,6 +15,7 @@ class Replier:
         self._nc = nc
         self._metrics = metrics
         self.errors_sent = 0
+        self.unanswerable = 0  # error replies dropped for want of a reply subject
         self.last_error = ""  # "<code>: <message>" of the latest error reply, for $SRV.STATS
         # Reply subjects answered inside the process (durable jobs, pipeline documents): their
         # intake learns each frame, and when the last one went out, to ack the JetStream message
@@ -45,14 +46,19 @@ class Replier:
         """The final error frame, with the NATS service headers (and any request headers,
         such as Pooling-Deprecation, that every frame of the request carries)."""
         if not subject:
-            log.warning("request %s has no reply subject; dropping its %s error",
-                        request_id, error.code.value)
+            # Warned once: a publisher flooding bad bodies without a reply subject must not
+            # flood the log too.
+            self.unanswerable += 1
+            log.log(logging.WARNING if self.unanswerable == 1 else logging.DEBUG,
+                    "request %s has no reply subject; dropping its %s error (%d so far; later "
+                    "ones are logged at debug level)", request_id, error.code.value,
+                    self.unanswerable)
             return
         sink = self._local.get(subject)
         if sink is not None:
             await sink.error(subject, request_id, error, fmt, headers)
             return
-        body, service_headers = error_frame(request_id, error, fmt)
+        body, service_headers = error_frame(request_id, error, fmt, self.max_payload, headers)
         self.errors_sent += 1
         self.last_error = f"{error.code.value}: {service_headers['Nats-Service-Error']}"
         if self._metrics is not None:

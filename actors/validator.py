@@ -16,6 +16,7 @@ from poolwire.actors.tokenizing import check_truncation
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.events import DeprecationEvent, utc_now_rfc3339
 from poolwire.schemas.requests import PoolingRequest, parse_request
+from poolwire.schemas.sanity import preview
 from poolwire.schemas.tasks import Task, parse_task
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,12 @@ class ValidatorActor(Actor):
         supported = self._supported_names()
         if verdict == Verdict.UNSUPPORTED:
             return PoolingError(ErrorCode.UNSUPPORTED_TASK,
-                                f"task {requested!r} is not supported by {self.limits.name}; "
+                                f"task {preview(requested)} is not supported by {self.limits.name}; "
                                 f"supported tasks: {', '.join(supported)}",
                                 supported_tasks=supported)
         configured = self.policy.configured.value
         return PoolingError(ErrorCode.TASK_NOT_CONFIGURED,
-                            f"task {requested!r} is supported by {self.limits.name} but this "
+                            f"task {preview(requested)} is supported by {self.limits.name} but this "
                             f"worker serves only {configured!r} (multi-task serving is "
                             f"deprecated); start a worker with --task {requested}",
                             configured_task=configured, supported_tasks=supported)

@@ -22,6 +22,7 @@ from poolwire.actors.metrics import QueueGauges, WorkerMetrics
 from poolwire.actors.model import LoadedModel
 from poolwire.actors.precision import precision_for
 from poolwire.actors.model_fields import ModelFacts
+from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone_or_alike
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
 from poolwire.actors.stats import StageStats
@@ -88,6 +89,8 @@ class Worker:
         self.nc = await connect(nats_options(s, url), name=f"poolwire-{self.worker_id}",
                                 closed_cb=closed, disconnected_cb=link_changed,
                                 reconnected_cb=link_changed, refused_cb=refused)
+        if not s.allow_mixed_queue:
+            await self._refuse_mixed_queue()
         replier = Replier(self.nc, self.metrics)
         self.events = EventPublisher(self.nc, s.prefix, self.metrics)
         self.engine = EngineActor(self.model, replier, EngineLimits(
@@ -127,6 +130,18 @@ class Worker:
                  self.model.name, self.model.revision, self.policy.configured,
                  ", ".join(t.value for t in self.policy.supported), s.multitask,
                  self.precision.describe(), s.prefix, s.queue)
+
+    async def _refuse_mixed_queue(self) -> None:
+        """Before taking any request: one model and task per prefix and queue group."""
+        me = Member(worker=self.worker_id, model=self.model.name,
+                    configured_task=self.policy.configured.value,
+                    prefix=self.settings.prefix, queue=self.settings.queue)
+        try:
+            await ensure_alone_or_alike(self.nc, me)
+        except QueueConflictError:
+            await self.nc.close()
+            self.nc = None
+            raise
 
     def _fail(self, reason: str) -> None:
         if self.failed is not None and not self.failed.done():

@@ -102,6 +102,7 @@ async def serve(settings: WorkerSettings) -> int:
     from poolwire import kernels
     from poolwire.actors.model import bundled_model_dir, load_model
     from poolwire.actors.nats_server import NatsServer
+    from poolwire.actors.queue_guard import QueueConflictError
     from poolwire.actors.task_policy import TaskConfigError
     from poolwire.actors.worker import Worker
     from poolwire.operators import try_hint
@@ -156,6 +157,9 @@ async def serve(settings: WorkerSettings) -> int:
         except NatsConnectError as exc:
             print(f"poolwire: {exc}", file=sys.stderr, flush=True)
             return EXIT_NATS_UNAVAILABLE
+        except QueueConflictError as exc:  # another model or task in this queue group
+            print(f"poolwire: {exc}", file=sys.stderr, flush=True)
+            return 2
         except RuntimeError as exc:  # e.g. --durable without JetStream, a missing pipeline stream
             print(f"poolwire: {exc}", file=sys.stderr, flush=True)
             return 2

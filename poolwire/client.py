@@ -13,6 +13,7 @@ import nats.js.errors
 
 from poolwire.nats_connect import NatsOptions, close_quietly, connect
 from poolwire.schemas.codec import decode
+from poolwire.whole_reply import assemble_stream, merge_replies, split_body
 
 
 class PoolingServiceError(Exception):
@@ -86,11 +87,29 @@ class PoolingClient:
             self.nc = None
 
     async def request(self, task: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        """One-message request; returns the reply map, raises PoolingServiceError on errors."""
+        """One request; returns the whole reply map, raises PoolingServiceError on errors.
+        Big inputs never fail for their size: a request over max_payload is sent in parts (by
+        its items), and a reply over it (`payload_too_large`, refused before any compute)
+        comes as a stream; either way the answer has the one-reply shape."""
         body = {k: v for k, v in body.items() if v is not None}
+        parts = split_body(task, body, self.nc.max_payload)
+        if len(parts) == 1:
+            return await self._one(task, body, timeout)
+        request_id = body.get("request_id") or uuid.uuid4().hex
+        replies = await asyncio.gather(*(
+            self._one(task, {**part, "request_id": f"{request_id}.{k}"}, timeout)
+            for k, (_, part) in enumerate(parts)))
+        return merge_replies([(start, r) for (start, _), r in zip(parts, replies)], request_id)
+
+    async def _one(self, task: str, body: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         msg = await self.nc.request(f"{self.prefix}.{task}", msgpack.packb(body, use_bin_type=True),
                                     timeout=timeout or self.timeout)
         frame, _ = decode(msg.data)
+        error = frame.get("error")
+        if error and error.get("code") == "payload_too_large" and not body.get("stream"):
+            request_id = body.get("request_id") or uuid.uuid4().hex
+            frames = [f async for f in self.stream(task, {**body, "request_id": request_id}, timeout)]
+            return assemble_stream(frames, request_id)
         return _check(frame)
 
     async def stream(self, task: str, body: dict[str, Any],

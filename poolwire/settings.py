@@ -48,6 +48,10 @@ class WorkerSettings(BaseSettings):
         "warn", description="requests on other supported tasks: served with a warning, or refused")
     prefix: str = Field("pooling", description="subject prefix P: requests on P.<task>")
     queue: str = Field("poolwire", description="queue group shared by the workers")
+    allow_mixed_queue: bool = Field(
+        False, description="start even when a worker serving another model or configured task "
+                           "shares this prefix and queue group (NATS then splits requests "
+                           "between them); by default such a worker refuses to start")
     nats_url: str | None = Field(
         None, description="NATS server, or every URL of a cluster comma-separated (also "
                           "NATS_URL; user:password@ or token@ in it work too); none: start an "

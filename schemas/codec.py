@@ -11,6 +11,7 @@ from typing import Any
 import msgpack
 
 from poolwire.schemas.errors import invalid
+from poolwire.schemas.sanity import check_body
 
 
 class WireFormat(str, Enum):
@@ -25,7 +26,8 @@ def sniff_format(body: bytes) -> WireFormat:
 
 
 def decode(body: bytes) -> tuple[Any, WireFormat]:
-    """Decode a body; raises PoolingError(invalid_request) when it is not a decodable map.
+    """Decode a body; raises PoolingError(invalid_request) when it is not a decodable map, nests
+    too deep or holds a string that is not valid Unicode (schemas/sanity.py).
 
     The format is returned even on failure paths through `sniff_format`, so the caller can
     answer in kind."""
@@ -43,6 +45,9 @@ def decode(body: bytes) -> tuple[Any, WireFormat]:
         raise invalid(f"undecodable {fmt.value} body: {reason}") from None
     if not isinstance(value, dict):
         raise invalid(f"the body must be a map, got a {type(value).__name__}")
+    # Part of decoding: msgpack already refuses strings that are not UTF-8, and JSON nested too
+    # deep already fails to parse; these bounds hold both encodings to the same rules.
+    check_body(value)
     return value, fmt
 
 

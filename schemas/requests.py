@@ -6,11 +6,14 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from poolwire.schemas.errors import invalid
+from poolwire.schemas.sanity import MAX_REQUEST_ID_CHARS, field_name, preview
 from poolwire.schemas.tasks import Task
 
 TextOrTexts = Union[StrictStr, list[StrictStr]]
-# Token ids are used as given; ids are non-negative.
-TokenId = Annotated[StrictInt, Field(ge=0)]
+# Token ids are used as given; ids are non-negative. JSON ints are unbounded: every int field has
+# a 32-bit bound, past any vocabulary, queue priority or deadline a client means.
+INT32_MAX = 2**31 - 1
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
 PoolingInput = Union[StrictStr, list[StrictStr], list[TokenId], list[list[TokenId]]]
 
 
@@ -23,8 +26,9 @@ class PoolingRequest(BaseModel):
         None, description="texts, or token ids used as given (no special tokens added)")
     text_1: TextOrTexts | None = Field(None, description="score: first texts of the pairs")
     text_2: TextOrTexts | None = Field(None, description="score: second texts of the pairs")
-    request_id: StrictStr | None = Field(None, description="echoed in every reply frame")
-    dimensions: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    request_id: Annotated[StrictStr, Field(max_length=MAX_REQUEST_ID_CHARS)] | None = Field(
+        None, description="echoed in every reply frame")
+    dimensions: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
         None, description="Matryoshka: keep the first d dimensions, then normalise if asked")
     normalize: StrictBool | None = Field(None, description="L2-normalise the output vectors")
     use_activation: StrictBool | None = Field(
@@ -40,16 +44,17 @@ class PoolingRequest(BaseModel):
     aggregation: Literal["none", "simple", "first", "max"] | None = Field(
         None, description="token_classify: entity spans grouped as the transformers "
                           "token-classification pipeline groups them")
-    truncate_prompt_tokens: StrictInt | None = Field(
-        None, description="-1: truncate to the model maximum; k>0: keep at most k tokens")
+    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] | None = \
+        Field(None, description="-1: truncate to the model maximum; k>0: keep at most k tokens")
     truncation_side: Literal["right", "left"] = Field("right", description="which end is cut")
     encoding_format: Literal["float", "binary"] = Field("float", description="item encoding")
     embed_dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32", description="element type in binary encoding")
     stream: StrictBool = Field(False, description="reply as item frames and one final frame")
-    deadline_ms: Annotated[StrictInt, Field(gt=0)] | None = Field(
+    deadline_ms: Annotated[StrictInt, Field(gt=0, le=INT32_MAX)] | None = Field(
         None, description="drop work still queued this many ms after the worker received it")
-    priority: StrictInt = Field(0, description="lower runs first among queued work")
+    priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] = Field(
+        0, description="lower runs first among queued work")
 
 
 COMMON_FIELDS = frozenset({
@@ -78,10 +83,11 @@ ALL_FIELDS = frozenset(PoolingRequest.model_fields)
 
 
 def request_id_of(body: Any) -> str | None:
-    """The client's request_id when the body carries a usable one (for error replies)."""
+    """The client's request_id when the body carries a usable one (for error replies): a
+    non-empty string short enough to echo in every frame."""
     if isinstance(body, dict):
         rid = body.get("request_id")
-        if isinstance(rid, str) and rid:
+        if isinstance(rid, str) and 0 < len(rid) <= MAX_REQUEST_ID_CHARS:
             return rid
     return None
 
@@ -91,8 +97,9 @@ def parse_request(task: Task, body: dict[str, Any]) -> PoolingRequest:
     present = {k: v for k, v in body.items() if v is not None}  # null counts as absent
     for key in present:
         if not isinstance(key, str) or key not in ALL_FIELDS:
-            raise invalid(f"unknown key {key!r}; valid keys for {task}: "
-                          f"{sorted(TASK_FIELDS[task] | COMMON_FIELDS)}", field=str(key))
+            raise invalid(f"unknown key {preview(key)}; valid keys for {task}: "
+                          f"{sorted(TASK_FIELDS[task] | COMMON_FIELDS)}",
+                          field=field_name(key) if isinstance(key, str) else preview(key))
     allowed = TASK_FIELDS[task] | COMMON_FIELDS
     for key in present:
         if key not in allowed:
@@ -111,9 +118,7 @@ def parse_request(task: Task, body: dict[str, Any]) -> PoolingRequest:
 def _first_error(exc: ValidationError):
     err = exc.errors()[0]
     field = str(err["loc"][0]) if err["loc"] else None
-    value = err.get("input")
-    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-    return invalid(f"{field}: {err['msg']} (got {shown})", field=field)
+    return invalid(f"{field}: {err['msg']} (got {preview(err.get('input'))})", field=field)
 
 
 def _is_empty(value: Any) -> bool:

@@ -1,11 +1,11 @@
-"""The actor runtime: bounded mailboxes, and a supervisor that restarts a crashed actor after
-it has answered the message that crashed it."""
+"""The actor runtime: bounded mailboxes, actors that answer a message whose handler raised and
+carry on, and a supervisor that restarts a crashed loop with a growing delay."""
 
 import asyncio
 
 import pytest
 
-from poolwire.actors.runtime import Actor, MailboxFull, Supervisor
+from poolwire.actors.runtime import Actor, MailboxFull, Supervisor, restart_delay
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -32,18 +32,45 @@ class Recorder(Actor):
         self.restarted += 1
 
 
-async def test_a_crash_is_answered_logged_once_and_the_actor_restarts(caplog):
-    actor, supervisor = Recorder(), Supervisor(restart_delay=0)
+async def test_a_handler_exception_is_answered_and_the_actor_carries_on_at_once(caplog):
+    """One bad message is that message's failure: 50 of them are answered, the actor is never
+    restarted (so no restart delay is paid) and the traceback is logged in full once."""
+    actor = Recorder(size=128)
+    supervisor = Supervisor(restart_delay=60)  # a restart would blow the test's timeout
     supervisor.start_actor(actor)
-    for message in ["a", "boom", "b", "boom", "last"]:
+    messages = ["a"] + ["boom"] * 50 + ["b", "last"]
+    for message in messages:
         actor.tell(message)
     await asyncio.wait_for(actor.done.wait(), 5)
     await supervisor.stop()
     assert actor.handled == ["a", "b", "last"]
-    assert actor.failed == [("boom", "boom"), ("boom", "boom")]
-    assert actor.restarted == 2 and supervisor.restarts == {"recorder": 2}
-    tracebacks = [r for r in caplog.records if "crashed and is restarted" in r.getMessage()]
+    assert actor.failed == [("boom", "boom")] * 50 and actor.failures == 50
+    assert supervisor.restarts == {}
+    tracebacks = [r for r in caplog.records if "Traceback" in r.getMessage()]
     assert len(tracebacks) == 1  # the same traceback is logged in full only once
+
+
+class BrokenAnswers(Recorder):
+    name = "broken"
+
+    async def on_failure(self, message, exc):
+        raise RuntimeError("cannot answer")
+
+
+async def test_an_actor_that_cannot_answer_a_failure_is_restarted_by_the_supervisor():
+    actor, supervisor = BrokenAnswers(), Supervisor(restart_delay=0)
+    supervisor.start_actor(actor)
+    for message in ["boom", "a", "last"]:
+        actor.tell(message)
+    await asyncio.wait_for(actor.done.wait(), 5)
+    await supervisor.stop()
+    assert actor.handled == ["a", "last"]
+    assert supervisor.restarts == {"broken": 1}
+
+
+def test_restart_delay_is_free_once_then_grows_to_its_cap():
+    delays = [restart_delay(n, base=0.05, cap=1.0) for n in range(1, 9)]
+    assert delays == [0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
 
 
 async def test_a_full_mailbox_refuses_at_once():

@@ -1,0 +1,174 @@
+"""The size of a one-message reply, estimated from the input before any work is done (pure).
+
+A one-message reply that cannot fit max_payload is refused with `payload_too_large`; knowing
+that only after the forward pass wastes the model's time (a 10,000-text embed computed for 6 s
+and then failed). The estimate is an upper bound, so a request it admits never fails the exact
+check in framing.one_reply for its size (that check stays as the backstop):
+- MessagePack packs every float as float32: 5 bytes each, exactly;
+- JSON writes a float32's value as Python's shortest float repr: at most 23 characters
+  (`-1.4012984643248171e-45`), plus a separator;
+- binary bytes are elements x element size, as base64 in JSON;
+- everything around the items (request_id, model, task, usage, labels, warnings) is encoded
+  for real, with the largest token count the usage could hold."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from poolwire.actors.framing import header_bytes
+from poolwire.schemas.codec import WireFormat, encode
+from poolwire.schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
+
+JSON_FLOAT_CHARS = 23
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_MAX_USAGE = 2**32 - 1  # a usage count never needs more bytes than this in either encoding
+
+
+@dataclass(frozen=True)
+class ReplyEstimate:
+    items: int
+    bytes: int   # the one-message reply, at most
+    limit: int   # max_payload less the request's reply headers
+
+    @property
+    def fits(self) -> bool:
+        return self.bytes <= self.limit
+
+
+def item_shapes(task: Task, n_items: int, width: int,
+                token_counts: list[int] | None = None) -> list[tuple[int, ...]]:
+    """Each item's shape: [D] vectors (embed: dimensions; classify: labels), [] scores, and
+    [T, D] token rows (token-level tasks, from each item's token count)."""
+    if task is Task.SCORE:
+        return [()] * n_items
+    if token_counts is not None:
+        return [(t, width) for t in token_counts]
+    return [(width,)] * n_items
+
+
+def _msgpack_int(value: int) -> int:
+    return 1 if value < 128 else 2 if value < 256 else 3 if value < 2**16 else 5 if value < 2**32 else 9
+
+
+def _msgpack_array(n: int) -> int:
+    return 1 if n < 16 else 3 if n < 2**16 else 5
+
+
+def _msgpack_bin(n: int) -> int:
+    return 2 if n < 256 else 3 if n < 2**16 else 5
+
+
+def _values(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _float_item_bytes(index: int, shape: tuple[int, ...], fmt: WireFormat) -> int:
+    """`{index, data}` with data a float, a [D] list or a [T, D] list of lists."""
+    if fmt is WireFormat.MSGPACK:
+        head = 1 + 6 + _msgpack_int(index) + 5  # map, "index", the int, "data"
+        if not shape:
+            return head + 5
+        if len(shape) == 1:
+            return head + _msgpack_array(shape[0]) + 5 * shape[0]
+        rows, width = shape
+        return head + _msgpack_array(rows) + rows * (_msgpack_array(width) + 5 * width)
+    head = len('{"index":,"data":}') + len(str(index))
+    if not shape:
+        return head + JSON_FLOAT_CHARS
+    if len(shape) == 1:
+        return head + 2 + shape[0] * (JSON_FLOAT_CHARS + 1)
+    rows, width = shape
+    return head + 2 + rows * (2 + width * (JSON_FLOAT_CHARS + 1) + 1)
+
+
+def _binary_item_bytes(index: int, shape: tuple[int, ...], dtype: str, fmt: WireFormat) -> int:
+    """`{index, dtype, shape, bytes}`."""
+    raw = _values(shape) * ELEMENT_BYTES[dtype]
+    if fmt is WireFormat.MSGPACK:
+        return (1 + 6 + _msgpack_int(index) + 6 + 1 + len(dtype) + 6 + _msgpack_array(len(shape))
+                + sum(_msgpack_int(d) for d in shape) + 6 + _msgpack_bin(raw) + raw)
+    shape_text = len(str(list(shape)).replace(" ", ""))
+    return (len('{"index":,"dtype":"","shape":,"bytes":""}') + len(str(index)) + len(dtype)
+            + shape_text + 4 * ((raw + 2) // 3))
+
+
+def estimate_reply(shapes: list[tuple[int, ...]], *, fmt: WireFormat, binary: bool, dtype: str,
+                   request_id: str, model: str, task: str, max_payload: int,
+                   header_bytes: int = 0, labels: list[str] | None = None,
+                   warnings: list[str] | None = None) -> ReplyEstimate:
+    """An upper bound on the bytes of the one-message reply holding items of these shapes."""
+    closing: dict[str, Any] = {"request_id": request_id, "model": model, "task": task,
+                               "usage": {"prompt_tokens": _MAX_USAGE, "total_tokens": _MAX_USAGE}}
+    if labels:
+        closing["labels"] = labels
+    if warnings:
+        closing["warnings"] = warnings
+    closing["data"] = []
+    total = len(encode(closing, fmt))
+    if fmt is WireFormat.MSGPACK:
+        total += _msgpack_array(len(shapes)) - 1  # encode() counted the empty list's header
+    else:
+        total += max(len(shapes) - 1, 0)          # commas between items
+    for index, shape in enumerate(shapes):
+        total += (_binary_item_bytes(index, shape, dtype, fmt) if binary
+                  else _float_item_bytes(index, shape, fmt))
+    return ReplyEstimate(items=len(shapes), bytes=total, limit=max_payload - header_bytes)
+
+
+def request_items(task: Task, request) -> int:
+    """Items of a one-message reply, from a validated request, without tokenizing. Score
+    sizes that do not pair up count as 0: the planner refuses them with invalid_request."""
+    if task is Task.SCORE:
+        a = 1 if isinstance(request.text_1, str) else len(request.text_1)
+        b = 1 if isinstance(request.text_2, str) else len(request.text_2)
+        return max(a, b) if a == b or 1 in (a, b) else 0
+    value = request.input
+    if isinstance(value, str) or (value and isinstance(value[0], int)):
+        return 1  # one text, or one list of token ids
+    return len(value)
+
+
+def too_large(estimate: ReplyEstimate, max_payload: int,
+              as_binary: ReplyEstimate | None = None) -> PoolingError:
+    """payload_too_large with the numbers and the remedy; `as_binary` is the same reply in
+    binary encoding (None when the request already asked for it)."""
+    remedy = 'send it with "stream": true (one frame per item)'
+    if as_binary is not None and as_binary.fits:
+        remedy += f', or with "encoding_format": "binary" (about {as_binary.bytes} bytes)'
+    return PoolingError(
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        f"a one-message reply to {estimate.items} items would be about {estimate.bytes} bytes, "
+        f"over this connection's max_payload of {max_payload} bytes ({estimate.limit} after "
+        f"headers): {remedy}; nothing was computed",
+        items=estimate.items, estimated_bytes=estimate.bytes, max_payload=max_payload)
+
+
+def check_reply_fits(job, plan, model, max_payload: int) -> None:
+    """Raise payload_too_large when the one-message reply of `job` (a messages.Job) cannot fit.
+    Sequence-level tasks are judged before tokenizing (`plan` None), token-level tasks once
+    their TaskPlan gives the token counts; each call ignores the other kind, and streams."""
+    request, task = job.request, job.task
+    if request.stream or (plan is not None) != (task in TOKEN_LEVEL_TASKS):
+        return
+    width = (request.dimensions or model.embedding_size
+             if task in (Task.EMBED, Task.TOKEN_EMBED) else model.num_labels)
+    if plan is not None:
+        shapes = item_shapes(task, plan.n_items, width, [len(s) for s in plan.sequences])
+    else:
+        shapes = item_shapes(task, request_items(task, request), width)
+
+    def estimate(binary: bool) -> ReplyEstimate:
+        return estimate_reply(
+            shapes, fmt=job.fmt, binary=binary, dtype=request.embed_dtype,
+            request_id=job.request_id, model=model.name, task=task.value,
+            max_payload=max_payload, header_bytes=header_bytes(job.headers),
+            labels=model.labels if task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None,
+            warnings=list(job.warnings) or None)
+
+    binary = request.encoding_format == "binary"
+    first = estimate(binary)
+    if not first.fits:
+        raise too_large(first, max_payload, None if binary else estimate(True))

@@ -1,0 +1,114 @@
+"""The reply-size estimate on its own: an upper bound on the real one-message reply (built by
+framing.one_reply from real-looking values), close to it, and the error it gives."""
+
+import numpy as np
+import pytest
+
+from poolwire.actors.framing import ReplyStyle, one_reply, wire_item
+from poolwire.actors.reply_size import (ReplyEstimate, estimate_reply, item_shapes, request_items,
+                                        too_large)
+from poolwire.schemas.codec import WireFormat
+from poolwire.schemas.errors import ErrorCode
+from poolwire.schemas.requests import PoolingRequest
+from poolwire.schemas.tasks import Task
+
+MAX_PAYLOAD = 1024 * 1024
+
+
+def real_reply_bytes(shapes, style: ReplyStyle, rng, labels=None, warnings=None) -> int:
+    # Values as a model gives them: normalised vectors, logits, tiny and negative numbers.
+    scale = np.array([1e-3, 0.05, 1.0, 30.0], dtype=np.float32)
+    sizes = [int(np.prod(s)) for s in shapes]
+    flat = rng.standard_normal(sum(sizes)).astype(np.float32)
+    flat *= scale[np.arange(flat.size) % 4]
+    items, start = [], 0
+    for i, (shape, size) in enumerate(zip(shapes, sizes)):
+        items.append(wire_item(i, flat[start:start + size].reshape(shape), style))
+        start += size
+    body = one_reply("r" * 32, "all-MiniLM-L6-v2", "embed", items, 123456, style, 2**40,
+                     None, warnings, labels)
+    return len(body)
+
+
+@pytest.mark.parametrize("fmt", list(WireFormat))
+@pytest.mark.parametrize("binary, dtype", [(False, "float32"), (True, "float32"), (True, "float16"),
+                                           (True, "bfloat16")])
+@pytest.mark.parametrize("task, n, width, tokens", [
+    (Task.EMBED, 1, 384, None), (Task.EMBED, 17, 384, None), (Task.EMBED, 300, 64, None),
+    (Task.CLASSIFY, 40, 3, None), (Task.SCORE, 3000, 1, None),
+    (Task.TOKEN_EMBED, 3, 384, [5, 256, 17]), (Task.TOKEN_CLASSIFY, 20, 5, list(range(1, 21))),
+])
+def test_the_estimate_bounds_the_real_reply_closely(fmt, binary, dtype, task, n, width, tokens):
+    rng = np.random.default_rng(n)
+    shapes = item_shapes(task, n, width, tokens)
+    style = ReplyStyle(fmt, binary, dtype)
+    labels = ["LABEL_0", "LABEL_1", "LABEL_2"] if task is Task.CLASSIFY else None
+    warnings = ["serving task 'token_embed' ... is deprecated"] if tokens else None
+    real = real_reply_bytes(shapes, style, rng, labels, warnings)
+    estimate = estimate_reply(shapes, fmt=fmt, binary=binary, dtype=dtype, request_id="r" * 32,
+                              model="all-MiniLM-L6-v2", task="embed", max_payload=MAX_PAYLOAD,
+                              labels=labels, warnings=warnings)
+    assert estimate.bytes >= real
+    # Exact but for the usage counts in MessagePack and binary; JSON floats are 17 to 23
+    # characters each, so the bound is within 40% there.
+    slack = 1.4 if fmt is WireFormat.JSON and not binary else 1.01
+    assert estimate.bytes <= real * slack + 64
+
+
+def test_more_items_than_a_16_bit_msgpack_array_header_holds():
+    shapes = item_shapes(Task.SCORE, 70_000, 1)
+    style = ReplyStyle(WireFormat.MSGPACK, False, "float32")
+    real = real_reply_bytes(shapes, style, np.random.default_rng(0))
+    estimate = estimate_reply(shapes, fmt=WireFormat.MSGPACK, binary=False, dtype="float32",
+                              request_id="r" * 32, model="all-MiniLM-L6-v2", task="embed",
+                              max_payload=MAX_PAYLOAD)
+    assert real <= estimate.bytes <= real + 64
+
+
+def test_ten_thousand_minilm_vectors_are_far_over_the_limit_in_every_encoding():
+    shapes = item_shapes(Task.EMBED, 10_000, 384)
+    for fmt in WireFormat:
+        for binary in (False, True):
+            est = estimate_reply(shapes, fmt=fmt, binary=binary, dtype="float32", request_id="r",
+                                 model="m", task="embed", max_payload=MAX_PAYLOAD)
+            assert not est.fits and est.bytes > 15_000_000
+
+
+def test_headers_count_against_the_limit():
+    est = estimate_reply(item_shapes(Task.EMBED, 1, 8), fmt=WireFormat.MSGPACK, binary=False,
+                         dtype="float32", request_id="r", model="m", task="embed",
+                         max_payload=1000, header_bytes=40)
+    assert est.limit == 960 and est.fits
+
+
+def test_the_error_states_items_bytes_limit_and_the_remedies():
+    err = too_large(ReplyEstimate(items=10_000, bytes=19_361_234, limit=1_048_550), 1_048_576,
+                    ReplyEstimate(items=10_000, bytes=15_500_000, limit=1_048_550))
+    assert err.code is ErrorCode.PAYLOAD_TOO_LARGE
+    assert err.extra == {"items": 10_000, "estimated_bytes": 19_361_234, "max_payload": 1_048_576}
+    for figure in ("10000 items", "19361234 bytes", "1048576", '"stream": true', "nothing was computed"):
+        assert figure in err.message
+    assert "binary" not in err.message  # binary would not fit either: not offered
+    fits_in_binary = too_large(ReplyEstimate(200, 1_100_000, 1_048_550), 1_048_576,
+                               ReplyEstimate(200, 320_000, 1_048_550))
+    assert '"encoding_format": "binary" (about 320000 bytes)' in fits_in_binary.message
+
+
+@pytest.mark.parametrize("task, fields, items", [
+    (Task.EMBED, {"input": "one"}, 1),
+    (Task.EMBED, {"input": ["a", "b", "c"]}, 3),
+    (Task.EMBED, {"input": [101, 102]}, 1),
+    (Task.EMBED, {"input": [[101], [102, 7], [3]]}, 3),
+    (Task.SCORE, {"text_1": "q", "text_2": ["a", "b"]}, 2),
+    (Task.SCORE, {"text_1": ["a", "b", "c"], "text_2": "q"}, 3),
+    (Task.SCORE, {"text_1": ["a", "b"], "text_2": ["c", "d"]}, 2),
+    (Task.SCORE, {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, 0),  # refused by the planner
+])
+def test_items_are_counted_from_the_request_alone(task, fields, items):
+    assert request_items(task, PoolingRequest(**fields)) == items
+
+
+def test_shapes_per_task():
+    assert item_shapes(Task.EMBED, 2, 384) == [(384,), (384,)]
+    assert item_shapes(Task.SCORE, 2, 1) == [(), ()]
+    assert item_shapes(Task.TOKEN_EMBED, 2, 384, [7, 3]) == [(7, 384), (3, 384)]
