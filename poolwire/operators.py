@@ -44,23 +44,29 @@ STATS_COLUMNS = ("worker", "model", "task", "requests", "errors", "batches", "ba
                  "padding", "forward s", "last error")
 
 
-def stats_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str, ...]]:
-    """One row per worker from $SRV.STATS answers, sorted by worker; `prefix` keeps one
-    deployment's workers."""
-    rows = []
+def _endpoints(answers: list[dict], prefix: str | None):
+    """(worker, metadata, endpoint) of every STATS answer, keeping `prefix`'s workers only."""
     for answer in answers:
         meta = answer.get("metadata") or {}
         if prefix is not None and meta.get("prefix") != prefix:
             continue
         for endpoint in answer.get("endpoints") or []:
-            data = endpoint.get("data") or {}
-            rows.append((
-                meta.get("worker", answer.get("id", "?")), meta.get("model", "?"),
-                meta.get("configured_task", "?"), str(endpoint.get("num_requests", 0)),
-                str(endpoint.get("num_errors", 0)), str(data.get("batches", 0)),
-                f"{data.get('mean_batch_size', 0):.1f}", f"{data.get('padding_waste', 0):.0%}",
-                f"{(data.get('seconds') or {}).get('forward', 0):.1f}",
-                endpoint.get("last_error") or "-"))
+            yield meta.get("worker", answer.get("id", "?")), meta, endpoint
+
+
+def stats_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str, ...]]:
+    """One row per worker from $SRV.STATS answers, sorted by worker; `prefix` keeps one
+    deployment's workers."""
+    rows = []
+    for worker, meta, endpoint in _endpoints(answers, prefix):
+        data = endpoint.get("data") or {}
+        rows.append((
+            worker, meta.get("model", "?"),
+            meta.get("configured_task", "?"), str(endpoint.get("num_requests", 0)),
+            str(endpoint.get("num_errors", 0)), str(data.get("batches", 0)),
+            f"{data.get('mean_batch_size', 0):.1f}", f"{data.get('padding_waste', 0):.0%}",
+            f"{(data.get('seconds') or {}).get('forward', 0):.1f}",
+            endpoint.get("last_error") or "-"))
     return sorted(rows)
 
 
@@ -71,19 +77,14 @@ INTAKE_COLUMNS = ("worker", "intake", "jobs pending", "in progress", "redelivere
 def intake_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str, ...]]:
     """One row per durable intake (`durable` jobs, `pipeline`) of each worker that runs one."""
     rows = []
-    for answer in answers:
-        meta = answer.get("metadata") or {}
-        if prefix is not None and meta.get("prefix") != prefix:
-            continue
-        for endpoint in answer.get("endpoints") or []:
-            data = endpoint.get("data") or {}
-            for intake in ("durable", "pipeline"):
-                c = data.get(intake)
-                if isinstance(c, dict):
-                    rows.append((meta.get("worker", answer.get("id", "?")), intake,
-                                 *(str(c.get(k, 0)) for k in ("pending", "in_progress",
-                                                              "redelivered", "dead_lettered",
-                                                              "completed"))))
+    for worker, _, endpoint in _endpoints(answers, prefix):
+        data = endpoint.get("data") or {}
+        for intake in ("durable", "pipeline"):
+            c = data.get(intake)
+            if isinstance(c, dict):
+                rows.append((worker, intake,
+                             *(str(c.get(k, 0)) for k in ("pending", "in_progress", "redelivered",
+                                                          "dead_lettered", "completed"))))
     return sorted(rows)
 
 

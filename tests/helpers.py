@@ -3,6 +3,7 @@
 import asyncio
 
 import nats
+import numpy as np
 
 
 async def wait_until_answering(url: str, prefix: str, timeout: float = 10.0) -> None:
@@ -27,3 +28,16 @@ async def wait_until_answering(url: str, prefix: str, timeout: float = 10.0) -> 
                 await asyncio.sleep(0.01)
     finally:
         await conn.close()
+
+
+def rows(reply) -> list[np.ndarray]:
+    """The items of a one-message reply as float32 arrays, checking they come in index order."""
+    assert [d["index"] for d in reply["data"]] == list(range(len(reply["data"])))
+    return [np.asarray(d["data"], dtype=np.float32) for d in reply["data"]]
+
+
+def close(got, want, atol=1e-5):
+    """Same shape and every element within atol (float32)."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.abs(got - want).max() <= atol, np.abs(got - want).max()

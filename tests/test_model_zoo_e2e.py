@@ -11,6 +11,7 @@ import torch
 from transformers.activations import ACT2FN
 
 from poolwire.client import PoolingClient, PoolingServiceError
+from tests.helpers import close, rows
 from tests.model_zoo import MATRYOSHKA, PROMPTS
 
 pytestmark = pytest.mark.timeout(300)
@@ -18,17 +19,6 @@ pytestmark = pytest.mark.timeout(300)
 TEXTS = ["Angela Merkel visited Paris.", "A short one.",
          "The committee questions a careful experiment after a long debate in Berlin."]
 QUERY, DOCS = "where is the station", ["the station is north of the river", "a red car"]
-
-
-def rows(reply) -> list[np.ndarray]:
-    assert [d["index"] for d in reply["data"]] == list(range(len(reply["data"])))
-    return [np.asarray(d["data"], dtype=np.float32) for d in reply["data"]]
-
-
-def close(got, want, atol=1e-5):
-    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.abs(got - want).max() <= atol, np.abs(got - want).max()
 
 
 def normalised(x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from poolwire.client import PoolingClient, PoolingServiceError
 from poolwire.actors.worker import Worker, task_policy_for
 from poolwire.settings import WorkerSettings
 from poolwire.actors.task_policy import TaskConfigError
+from tests.helpers import close, rows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,17 +26,6 @@ def encode(model, texts, pair=None):
 
 def activation(logits: torch.Tensor, kind: str) -> np.ndarray:
     return (torch.sigmoid(logits) if kind == "sigmoid" else torch.softmax(logits, -1)).numpy()
-
-
-def rows(reply) -> list:
-    assert [d["index"] for d in reply["data"]] == list(range(len(reply["data"])))
-    return [np.asarray(d["data"], dtype=np.float32) for d in reply["data"]]
-
-
-def close(got, want, atol=1e-5):
-    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.abs(got - want).max() <= atol, np.abs(got - want).max()
 
 
 def real_rows(per_token: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
