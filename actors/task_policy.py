@@ -77,6 +77,15 @@ class TaskPolicy:
     supported: tuple[Task, ...]
     multitask: str = "warn"  # "warn" | "reject"
     score_with_configured: bool = False  # score is computed with the configured task
+    # The task score is computed with (None where score is unsupported): a deprecated score
+    # request's hint names it, since `--task score` is refused at start.
+    score_computed_with: Task | None = None
+
+    def worker_task_for(self, requested: Task) -> Task:
+        """The --task of a worker that would serve `requested` without a deprecation."""
+        if requested is Task.SCORE and self.score_computed_with is not None:
+            return self.score_computed_with
+        return requested
 
     def judge(self, requested: Task | None) -> str:
         if requested is None or requested not in self.supported:
@@ -84,6 +93,12 @@ class TaskPolicy:
         if requested is self.configured or (requested is Task.SCORE and self.score_with_configured):
             return Verdict.SERVE
         return Verdict.DEPRECATED if self.multitask == "warn" else Verdict.NOT_CONFIGURED
+
+
+def score_task(kind: str) -> Task:
+    """The task a score request is computed with: embed (cosine) on an encoder, classify on a
+    one-label cross-encoder."""
+    return Task.EMBED if kind == "encoder" else Task.CLASSIFY
 
 
 def score_uses_configured_task(kind: str, num_labels: int, configured: Task) -> bool:

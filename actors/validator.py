@@ -109,18 +109,19 @@ class ValidatorActor(Actor):
     def _deprecated(self, job: Job) -> Job:
         """The warning, header and event of a request on a supported, non-configured task."""
         configured = self.policy.configured
+        task = self.policy.worker_task_for(job.task)  # score: the task it is computed with
         message = deprecation_message(job.task, configured)
         if job.task not in self._logged:
             self._logged.add(job.task)
             log.warning("%s; start a worker with --task %s to serve it (logged once per task; "
-                        "every such request publishes an event)", message, job.task)
+                        "every such request publishes an event)", message, task)
         event = DeprecationEvent(
             time=utc_now_rfc3339(), model=self.limits.name, worker=self._worker_id,
             request_id=job.request_id, requested_task=job.task.value,
             configured_task=configured.value, supported_tasks=self._supported_names(),
             message=message,
-            hint=f"start a worker for this task: poolwire serve --task {job.task} "
-                 f"(or POOLWIRE_TASK={job.task})")
+            hint=f"start a worker for this task: poolwire serve --task {task} "
+                 f"(or POOLWIRE_TASK={task})")
         return replace(job, warnings=(message,), headers={DEPRECATION_HEADER: configured.value},
                        deprecation=event)
 

@@ -26,8 +26,10 @@ from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
 from poolwire.actors.stats import StageStats
-from poolwire.actors.task_policy import TaskPolicy, configured_task, score_uses_configured_task, supported_tasks
+from poolwire.actors.task_policy import (TaskPolicy, configured_task, score_task,
+                                         score_uses_configured_task, supported_tasks)
 from poolwire.actors.validator import ModelLimits, ValidatorActor
+from poolwire.schemas.tasks import Task
 from poolwire.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,8 @@ def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
     return TaskPolicy(configured=configured, supported=tuple(supported),
                       multitask=settings.multitask,
                       score_with_configured=score_uses_configured_task(
-                          model.kind, model.num_labels, configured))
+                          model.kind, model.num_labels, configured),
+                      score_computed_with=score_task(model.kind) if Task.SCORE in supported else None)
 
 
 class Worker:

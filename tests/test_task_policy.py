@@ -4,7 +4,7 @@ the verdict for each requested task (PROTOCOL.md "Task policy")."""
 import pytest
 
 from poolwire.actors.task_policy import (TaskConfigError, TaskPolicy, Verdict, configured_task,
-                                score_uses_configured_task, supported_tasks)
+                                score_task, score_uses_configured_task, supported_tasks)
 from poolwire.schemas.tasks import Task
 
 E, C, S, TE, TC = Task.EMBED, Task.CLASSIFY, Task.SCORE, Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY
@@ -66,3 +66,14 @@ def test_score_counts_as_the_configured_task_only_when_computed_with_it():
     assert not score_uses_configured_task("sequence_classification", 1, TC)
     policy = TaskPolicy(TC, (C, TC, S), "warn", score_with_configured=False)
     assert policy.judge(S) == Verdict.DEPRECATED
+
+
+def test_the_worker_to_start_for_a_deprecated_score_is_the_task_it_is_computed_with():
+    # `--task score` is refused at start, so a hint must name embed or classify instead.
+    assert score_task("encoder") is E and score_task("sequence_classification") is C
+    on_token_embed = TaskPolicy(TE, (E, TE, S), "warn", score_computed_with=E)
+    assert on_token_embed.worker_task_for(S) is E
+    assert on_token_embed.worker_task_for(E) is E
+    cross_encoder = TaskPolicy(TC, (C, TC, S), "warn", score_computed_with=C)
+    assert cross_encoder.worker_task_for(S) is C
+    assert TaskPolicy(TC, (TC,), "warn").worker_task_for(TC) is TC
