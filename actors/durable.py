@@ -13,6 +13,7 @@ import itertools
 import logging
 import re
 import time
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,8 +144,9 @@ class JetStreamIntake(Actor):
 
     # ---- set-up (subclasses create their stream and consumer) ----
 
+    @abstractmethod
     async def bind(self) -> None:
-        raise NotImplementedError
+        """Make sure the stream and the durable consumer exist, and pull-subscribe to it."""
 
     async def _bind_consumer(self, stream: str, durable: str, filter_subject: str) -> None:
         # max_deliver unbounded: the worker enforces the bound itself (durable_policy), so that
@@ -157,19 +159,20 @@ class JetStreamIntake(Actor):
 
     # ---- what subclasses define ----
 
+    @abstractmethod
     def parse(self, msg, local: str, deliveries: int) -> tuple[Tracked, Incoming | PoolingError]:
         """The message as a request for the validator, or the error that answers it."""
-        raise NotImplementedError
 
     async def forward(self, t: Tracked, body: bytes, headers: dict | None) -> None:
         """A streamed item frame."""
 
+    @abstractmethod
     async def deliver(self, t: Tracked, body: bytes, headers: dict | None) -> bool:
         """The final frame; False when it could not be stored (the message is retried)."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def deliver_error(self, t: Tracked, error: PoolingError, headers: dict | None) -> bool:
-        raise NotImplementedError
+        """The error that answers the message; False when it could not be stored."""
 
     # ---- figures for $SRV.STATS ----
 
