@@ -75,7 +75,7 @@ async def wait_for(predicate, timeout: float = 20.0) -> None:
 
 
 @pytest.mark.timeout(120)
-async def test_durable_jobs_under_the_deployment_nkeys(minilm, tmp_path, monkeypatch):
+async def test_durable_jobs_under_the_deployment_nkeys(minilm, tmp_path, monkeypatch, caplog):
     """A `--durable` worker under the worker NKey and a publisher under the publisher NKey, on
     the deployment's own config: a job answered on the publisher's inbox and acked, a failing
     job dead-lettered to pooling.dead.embed and terminated. The publisher may neither consume
@@ -115,6 +115,8 @@ async def test_durable_jobs_under_the_deployment_nkeys(minilm, tmp_path, monkeyp
             assert worker.intakes[0].counters()["dead_lettered"] == 1
             assert worker.intakes[0].counters()["completed"] == 1
             assert (await js.stream_info(dead)).state.messages == 1
+            # Nothing the worker did was refused (its start-up's queue-group check included).
+            assert "permissions violation" not in caplog.text.lower(), caplog.text
 
             seen: list[str] = []
 
