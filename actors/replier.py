@@ -65,8 +65,9 @@ class Replier:
     def count_error(self, error: PoolingError, service_headers: dict[str, str]) -> None:
         """The one place errors are counted ($SRV.STATS `num_errors`/`last_error`, the metric
         of errors by code), whichever path answered them: request/reply here, durable jobs and
-        pipeline documents in their intakes. "Once" means once per error frame that reached
-        its destination: called after the publish (or the JetStream store) succeeded, never
+        pipeline documents in their intakes. "Once" means once per error frame published (a
+        request's or job's reply subject) or stored (a pipeline's results stream): called after
+        the publish or the store succeeded, never
         for an error whose job is delivered again instead of answered, and not for a
         pipeline result the results stream refused as a duplicate (a redelivery whose first
         answer was stored)."""
