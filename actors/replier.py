@@ -67,10 +67,9 @@ class Replier:
         of errors by code), whichever path answered them: request/reply here, durable jobs and
         pipeline documents in their intakes. "Once" means once per error frame published (a
         request's or job's reply subject) or stored (a pipeline's results stream): called after
-        the publish or the store succeeded, never
-        for an error whose job is delivered again instead of answered, and not for a
-        pipeline result the results stream refused as a duplicate (a redelivery whose first
-        answer was stored)."""
+        the publish or the store succeeded, never for an error whose job is delivered again
+        instead of answered, and not for a pipeline result the results stream refused as a
+        duplicate (a redelivery whose first answer was stored)."""
         self.errors_sent += 1
         self.last_error = f"{error.code.value}: {service_headers['Nats-Service-Error']}"
         if self._metrics is not None:
