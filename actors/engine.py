@@ -19,7 +19,7 @@ from poolwire.actors.metrics import WorkerMetrics
 from poolwire.actors.model import LoadedModel
 from poolwire.actors.precision import EXACT, PrecisionPlan
 from poolwire.actors.replier import Replier
-from poolwire.actors.reply_size import check_reply_fits
+from poolwire.actors.reply_size import check_reply_fits, reply_room
 from poolwire.actors.runtime import Actor
 from poolwire.actors.stats import StageStats
 from poolwire.actors.task_heads import TaskPlan, cosine_items, plan_task
@@ -316,9 +316,10 @@ class EngineActor(Actor):
             with self.stats.timed("encode"):
                 wire = [wire_item(i, np.asarray(v), flight.style, extras=plan.extras(i, v))
                         for i, v in items]
+                room, room_headers = reply_room(job, self._replier.max_payload)
                 body = one_reply(job.request_id, self.model.name, job.task.value, wire,
-                                 plan.prompt_tokens, flight.style, self._replier.max_payload,
-                                 job.headers, warnings, labels)
+                                 plan.prompt_tokens, flight.style, room, room_headers,
+                                 warnings, labels)
         flight.answered = True
         self._inflight.discard(flight)
         await self._publish(job, body)

@@ -10,6 +10,17 @@ from poolwire.schemas.tasks import Task
 
 
 @dataclass(frozen=True)
+class ReplyReserve:
+    """Room a one-message reply must leave for what its intake adds before storing it (a
+    pipeline result's `doc_id` and source headers), so that the engine's size checks refuse
+    with payload_too_large what could otherwise be computed but never stored."""
+
+    headers: dict[str, str]
+    body_bytes: int                # added to the encoded reply, at most
+    remedy: str | None = None      # what to do instead, where the usual remedies do not apply
+
+
+@dataclass(frozen=True)
 class Incoming:
     """A decoded body from IngestActor to ValidatorActor; the task is not yet checked."""
 
@@ -22,6 +33,7 @@ class Incoming:
     # Computed in a batch of its own, where it can fail only itself: a durable job delivered
     # again after failing (durable_policy.compute_alone).
     solo: bool = False
+    reserve: ReplyReserve | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,7 @@ class Job:
     # and input_too_long / overloaded are only known after tokenizing.
     deprecation: DeprecationEvent | None = None
     solo: bool = False  # see Incoming.solo
+    reserve: ReplyReserve | None = None
 
     @property
     def deadline(self) -> float | None:

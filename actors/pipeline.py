@@ -13,10 +13,11 @@ from nats.js.errors import NotFoundError
 from poolwire.actors.durable import (PUBLISH_TIMEOUT_S, JetStreamIntake, Tracked, consumer_name,
                                      ensure_dead_stream)
 from poolwire.actors.durable_policy import compute_alone
-from poolwire.actors.framing import error_frame
-from poolwire.actors.messages import Incoming
-from poolwire.schemas.codec import decode, encode, sniff_format
-from poolwire.schemas.errors import PoolingError, invalid
+from poolwire.actors.framing import error_frame, header_bytes
+from poolwire.actors.messages import Incoming, ReplyReserve
+from poolwire.schemas.codec import WireFormat, decode, encode, sniff_format
+from poolwire.schemas.errors import ErrorCode, PoolingError, invalid
+from poolwire.schemas.sanity import MAX_REQUEST_ID_CHARS, field_name, is_valid_unicode, preview
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +63,58 @@ class Place:
                 "Nats-Msg-Id": f"{self.stream}:{self.seq}"}
 
 
+# A doc_id is echoed in every result, as a request_id is in every frame, and an error frame
+# cannot shorten it (it is how a consumer matches the result to its document): so it gets the
+# request_id's bound. 256 characters encode to at most about 3 KB (JSON's \\u escapes of astral
+# characters), which any max_payload a pooling reply fits in leaves room for.
+MAX_DOC_ID_CHARS = MAX_REQUEST_ID_CHARS
+# How many of a document's field names the missing-text-field error lists, each a preview.
+LISTED_FIELDS = 10
+
+
+def field_list(doc: dict) -> str:
+    """The first LISTED_FIELDS field names, each cut to a preview, and how many were left out:
+    bounded whatever the document holds (a thousand keys, or keys of a megabyte each)."""
+    names = sorted(field_name(k) if isinstance(k, str) else preview(k) for k in doc)
+    shown = ", ".join(names[:LISTED_FIELDS])
+    return shown + (f" and {len(names) - LISTED_FIELDS} more" if len(names) > LISTED_FIELDS else "")
+
+
+def checked_doc_id(value: Any, field: str, request_id: str) -> str | int:
+    """A document's id as taken from --pipeline-id-field: a string of at most MAX_DOC_ID_CHARS
+    characters or a 64-bit integer; else invalid_request naming the field."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() <= 64:
+        return value
+    if isinstance(value, str) and 0 < len(value) <= MAX_DOC_ID_CHARS and is_valid_unicode(value):
+        return value
+    if isinstance(value, str):
+        what = (f"is {len(value)} characters long" if value else "is empty") \
+            if is_valid_unicode(value) else "is not valid Unicode"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        what = f"is an integer of {value.bit_length()} bits"
+    else:
+        what = f"is a {type(value).__name__}"
+    raise invalid(f"document {request_id}'s id field {field_name(field)!r} ({preview(value)}) "
+                  f"{what}; a doc_id must be a string of 1 to {MAX_DOC_ID_CHARS} characters or a "
+                  f"64-bit integer (its result carries the stream sequence as doc_id instead); "
+                  f"point --pipeline-id-field at a shorter id", field=field)
+
+
+def doc_id_bytes(doc_id: Any, fmt: WireFormat) -> int:
+    """At most what `"doc_id": <id>` adds to an encoded reply map: JSON's `,"doc_id":<id>` is
+    one byte shorter than `{"doc_id":<id>}`; MessagePack's key and value, and 2 bytes for a
+    map header that may outgrow the 15-key fixmap."""
+    return len(encode({"doc_id": doc_id}, fmt)) + (2 if fmt is WireFormat.MSGPACK else 0)
+
+
 def request_for(doc: Any, spec: PipelineSpec, request_id: str) -> dict:
     """The pooling request of one document; raises invalid_request naming what is missing."""
     if not isinstance(doc, dict):
         raise invalid(f"document {request_id} is a {type(doc).__name__}, not a map")
     if spec.text_field not in doc:
-        fields = ", ".join(sorted(map(str, doc))[:10])
         raise invalid(f"document {request_id} has no field {spec.text_field!r} (it has: "
-                      f"{fields}); set --pipeline-text-field to the field holding the text",
-                      field=spec.text_field)
+                      f"{field_list(doc)}); set --pipeline-text-field to the field holding the "
+                      f"text", field=spec.text_field)
     body = {"input": doc[spec.text_field], "request_id": request_id}
     if spec.truncate:
         body["truncate_prompt_tokens"] = -1
@@ -119,7 +163,8 @@ class PipelineIntake(JetStreamIntake):
                                   f"{self.spec.id_field!r}; set --pipeline-id-field to the "
                                   f"field holding its id, or leave it unset to use the stream "
                                   f"sequence", field=self.spec.id_field)
-                place = Place(place.stream, place.seq, doc[self.spec.id_field], place.subject)
+                doc_id = checked_doc_id(doc[self.spec.id_field], self.spec.id_field, request_id)
+                place = Place(place.stream, place.seq, doc_id, place.subject)
             body = request_for(doc, self.spec, request_id)
         except PoolingError as err:
             return Tracked(msg, local, request_id, self.spec.task, fmt, False, deliveries,
@@ -127,7 +172,18 @@ class PipelineIntake(JetStreamIntake):
         t = Tracked(msg, local, request_id, self.spec.task, fmt, False, deliveries, place)
         return t, Incoming(reply=local, task_name=self.spec.task, body=body, fmt=fmt,
                            request_id=request_id, received_at=time.monotonic(),
-                           solo=compute_alone(deliveries, self.limits.max_deliveries))
+                           solo=compute_alone(deliveries, self.limits.max_deliveries),
+                           reserve=self._reserve(place, fmt))
+
+    def _reserve(self, place: Place, fmt: WireFormat) -> ReplyReserve:
+        """What `deliver` adds to the engine's reply, so the engine refuses a result that
+        could not be stored (payload_too_large, stored as this document's error result)
+        instead of computing it, failing to store it, and being delivered it again."""
+        return ReplyReserve(
+            headers=place.headers(), body_bytes=doc_id_bytes(place.doc_id, fmt),
+            remedy=f"a pipeline stores one message per document, so raise the NATS server's "
+                   f"max_payload (now {self._nc.max_payload} bytes) or serve a model with "
+                   f"smaller outputs")
 
     async def _store_result(self, place: Place, data: bytes, headers: dict[str, str]) -> Stored:
         if self._store is None:
@@ -146,8 +202,16 @@ class PipelineIntake(JetStreamIntake):
         frame, _ = decode(body)
         place: Place = t.context
         data = encode({**frame, "doc_id": place.doc_id}, t.fmt)
-        return await self._store_result(place, data, {**(headers or {}), **place.headers()}) \
-            is not Stored.FAILED
+        all_headers = {**(headers or {}), **place.headers()}
+        if len(data) + header_bytes(all_headers) > self._nc.max_payload:
+            # The engine's checks left room for this (Incoming.reserve), so only a reply they
+            # did not size gets here; storing it would fail on every delivery.
+            return await self.deliver_error(t, PoolingError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"the result of document {t.request_id} is {len(data)} bytes with its doc_id, "
+                f"over max_payload {self._nc.max_payload} with its headers; raise the NATS "
+                f"server's max_payload", max_payload=self._nc.max_payload), headers)
+        return await self._store_result(place, data, all_headers) is not Stored.FAILED
 
     async def deliver_error(self, t: Tracked, error: PoolingError, headers: dict | None) -> bool:
         place: Place = t.context
@@ -156,6 +220,11 @@ class PipelineIntake(JetStreamIntake):
         # (a result that could never be stored would be delivered again forever).
         data, service = error_frame(t.request_id, error, t.fmt, self._nc.max_payload,
                                     all_headers, fields={"doc_id": place.doc_id})
+        if len(data) + header_bytes({**all_headers, **service}) > self._nc.max_payload:
+            # A doc_id within its bound that still leaves no room on a tiny max_payload: the
+            # stream sequence identifies the document as well, and the result is stored.
+            data, service = error_frame(t.request_id, error, t.fmt, self._nc.max_payload,
+                                        all_headers, fields={"doc_id": place.seq})
         stored = await self._store_result(place, data, {**all_headers, **service})
         if stored is Stored.NEW:
             # Counted once per document: a repeat refused by the results stream's de-duplication

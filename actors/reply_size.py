@@ -132,18 +132,30 @@ def request_items(task: Task, request) -> int:
 
 
 def too_large(estimate: ReplyEstimate, max_payload: int,
-              as_binary: ReplyEstimate | None = None) -> PoolingError:
+              as_binary: ReplyEstimate | None = None, remedy: str | None = None) -> PoolingError:
     """payload_too_large with the numbers and the remedy; `as_binary` is the same reply in
-    binary encoding (None when the request already asked for it)."""
-    remedy = 'send it with "stream": true (one frame per item)'
-    if as_binary is not None and as_binary.fits:
-        remedy += f', or with "encoding_format": "binary" (about {as_binary.bytes} bytes)'
+    binary encoding (None when the request already asked for it); `remedy` replaces the
+    usual ones where the sender cannot choose stream or binary (a pipeline document)."""
+    if remedy is None:
+        remedy = 'send it with "stream": true (one frame per item)'
+        if as_binary is not None and as_binary.fits:
+            remedy += f', or with "encoding_format": "binary" (about {as_binary.bytes} bytes)'
     return PoolingError(
         ErrorCode.PAYLOAD_TOO_LARGE,
         f"a one-message reply to {estimate.items} items would be about {estimate.bytes} bytes, "
         f"over this connection's max_payload of {max_payload} bytes ({estimate.limit} after "
-        f"headers): {remedy}; nothing was computed",
+        f"headers and what the intake adds): {remedy}; nothing was computed",
         items=estimate.items, estimated_bytes=estimate.bytes, max_payload=max_payload)
+
+
+def reply_room(job, max_payload: int) -> tuple[int, dict[str, str] | None]:
+    """The max_payload and headers a one-message reply to `job` is sized against: the
+    connection's, less what its intake adds before storing it (job.reserve), so that a reply
+    which fits here still fits once stored."""
+    reserve = job.reserve
+    if reserve is None:
+        return max_payload, job.headers
+    return max_payload - reserve.body_bytes, {**(job.headers or {}), **reserve.headers}
 
 
 def check_reply_fits(job, plan, model, max_payload: int) -> None:
@@ -160,15 +172,18 @@ def check_reply_fits(job, plan, model, max_payload: int) -> None:
     else:
         shapes = item_shapes(task, request_items(task, request), width)
 
+    room, headers = reply_room(job, max_payload)
+
     def estimate(binary: bool) -> ReplyEstimate:
         return estimate_reply(
             shapes, fmt=job.fmt, binary=binary, dtype=request.embed_dtype,
             request_id=job.request_id, model=model.name, task=task.value,
-            max_payload=max_payload, header_bytes=header_bytes(job.headers),
+            max_payload=room, header_bytes=header_bytes(headers),
             labels=model.labels if task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None,
             warnings=list(job.warnings) or None)
 
     binary = request.encoding_format == "binary"
     first = estimate(binary)
     if not first.fits:
-        raise too_large(first, max_payload, None if binary else estimate(True))
+        remedy = job.reserve.remedy if job.reserve is not None else None
+        raise too_large(first, max_payload, None if binary else estimate(True), remedy)

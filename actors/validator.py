@@ -101,7 +101,7 @@ class ValidatorActor(Actor):
         check_against_model(task, request, self.limits)
         job = Job(request=request, task=task, reply=incoming.reply, fmt=incoming.fmt,
                   request_id=incoming.request_id, received_at=incoming.received_at,
-                  solo=incoming.solo)
+                  solo=incoming.solo, reserve=incoming.reserve)
         if verdict == Verdict.DEPRECATED:
             job = self._deprecated(job)
         return job
