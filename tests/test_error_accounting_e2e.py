@@ -93,9 +93,9 @@ async def test_durable_and_pipeline_errors_are_counted_once(minilm, start_worker
 
 
 async def test_a_pipeline_error_too_big_for_max_payload_is_shortened_and_stored(minilm, start_worker, prefix):
-    """The document fits the server's 3 KiB max_payload; the error naming its fields would not
-    (the message alone is over 3 KiB), so it is shortened to fit with its headers."""
-    with NatsServer(max_payload=3 * 1024) as server:
+    """The document fits the server's 1 KiB max_payload; the error naming its fields (each a
+    preview) would not with its headers, so it is shortened to fit them."""
+    with NatsServer(max_payload=1024) as server:
         nc = await nats.connect(server.url)
         try:
             js = nc.jetstream()
@@ -103,8 +103,8 @@ async def test_a_pipeline_error_too_big_for_max_payload_is_shortened_and_stored(
             await js.add_stream(StreamConfig(name=docs, subjects=[f"{root}.in.>"]))
             await js.add_stream(StreamConfig(name=out, subjects=[f"{root}.out.>"]))
             results = await nc.subscribe(f"{root}.out.>")
-            document = msgpack.packb({f"field_{i}_" + "x" * 280: i for i in range(10)})
-            assert 2900 < len(document) < nc.max_payload
+            document = msgpack.packb({f"field_{i}_" + "x" * 90: i for i in range(10)})
+            assert 950 < len(document) < nc.max_payload
             async with start_worker(minilm, url=server.url, pipeline_stream=docs,
                                     pipeline_input=f"{root}.in", pipeline_output=f"{root}.out",
                                     **DURABLE) as worker:
