@@ -17,11 +17,11 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from poolwire.actors.durable_policy import Outcome, compute_alone, exhausted, on_error, pull_size, retry_delay
+from poolwire.actors.durable_policy import (Outcome, compute_alone, dead_letter, exhausted, on_error,
+                                            pull_size, retry_delay)
 from poolwire.actors.ingest import new_request_id
 from poolwire.actors.messages import Incoming
 from poolwire.actors.runtime import Actor, MailboxFull
@@ -334,15 +334,17 @@ class JetStreamIntake(Actor):
 
     async def _dead_letter(self, t: Tracked, error: PoolingError, headers: dict | None) -> None:
         record = {"request_id": t.request_id, "task": t.task_name, "deliveries": t.deliveries,
-                  "error": error.to_wire(), "job": bytes(t.msg.data)}
+                  "error": error.to_wire()}
         # The job's own headers go along; expectations of the original publish would refuse
         # the dead letter.
         kept = {k: v for k, v in (t.msg.headers or {}).items()
                 if not k.startswith("Nats-Expected")}
         subject = dead_subject(self.prefix, t.task_name)
+        meta = t.msg.metadata
+        body, kept = dead_letter(record, bytes(t.msg.data), kept or None, self._nc.max_payload,
+                                 meta.stream, meta.sequence.stream)
         try:
-            await self._js.publish(subject, msgpack.packb(record, use_bin_type=True),
-                                   headers=kept or None, timeout=PUBLISH_TIMEOUT_S)
+            await self._js.publish(subject, body, headers=kept, timeout=PUBLISH_TIMEOUT_S)
         except Exception as exc:  # not stored: deliver it again rather than lose it
             log.error("%s: could not dead-letter job %s to %s (%r); it is delivered again",
                       self.name, t.request_id, subject, exc)

@@ -3,8 +3,15 @@ error means for its JetStream message (PROTOCOL.md "Durable mode")."""
 
 import random
 from enum import Enum
+from typing import Any
 
+import msgpack
+
+from poolwire.actors.framing import header_bytes
 from poolwire.schemas.errors import ErrorCode
+
+# A dead letter's error message, when the record must shrink to fit max_payload.
+DEAD_MESSAGE_CHARS = 200
 
 # Errors that a later delivery may not meet again: the forward pass failed (a device fault, a
 # batch that ran out of memory), or the worker had no room after all.
@@ -54,3 +61,29 @@ def pull_size(in_flight: int, capacity: int, queued_tokens: int, max_queued_toke
     if queued_tokens * 2 >= max_queued_tokens:
         return 0
     return max(0, min(batch, capacity - in_flight))
+
+
+def dead_letter(record: dict[str, Any], job: bytes, headers: dict[str, str] | None,
+                max_payload: int, stream: str, seq: int) -> tuple[bytes, dict[str, str] | None]:
+    """The body and headers of a dead letter, `{**record, job}`, made to fit max_payload: a dead
+    letter that cannot be stored sends its job round again on every delivery, without end. So
+    a job too big to carry along is left out (`job` null, `job_bytes`, and its `stream` and
+    `seq`: a pipeline's document stays in its stream, a durable job's is gone once
+    terminated), then the error's message is cut, then the job's headers are dropped."""
+    def fits(body: bytes, hdrs: dict[str, str] | None) -> bool:
+        return len(body) + header_bytes(hdrs) <= max_payload
+
+    body = msgpack.packb({**record, "job": job}, use_bin_type=True)
+    if fits(body, headers):
+        return body, headers
+    record = {**record, "job": None, "job_bytes": len(job), "stream": stream, "seq": seq}
+    body = msgpack.packb(record, use_bin_type=True)
+    if not fits(body, headers):
+        error = dict(record.get("error") or {})
+        message = str(error.get("message", ""))
+        if len(message) > DEAD_MESSAGE_CHARS:
+            error["message"] = (message[:DEAD_MESSAGE_CHARS]
+                                + f"...(shortened from {len(message)} chars)")
+        record = {**record, "error": {k: error[k] for k in ("code", "message") if k in error}}
+        body = msgpack.packb(record, use_bin_type=True)
+    return (body, headers) if fits(body, headers) else (body, None)

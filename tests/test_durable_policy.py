@@ -3,9 +3,12 @@ document rules (actors/pipeline.py)."""
 
 import random
 
+import msgpack
 import pytest
 
-from poolwire.actors.durable_policy import Outcome, compute_alone, exhausted, on_error, pull_size, retry_delay
+from poolwire.actors.durable_policy import (Outcome, compute_alone, dead_letter, exhausted, on_error,
+                                            pull_size, retry_delay)
+from poolwire.actors.framing import header_bytes
 from poolwire.actors.durable_intakes import pipeline_spec
 from poolwire.actors.pipeline import PipelineSpec, output_subject, request_for
 from poolwire.actors.task_policy import TaskPolicy
@@ -107,3 +110,28 @@ def test_stats_show_each_workers_durable_intakes_as_a_table():
     table = format_table(INTAKE_COLUMNS, rows).splitlines()
     assert "jobs pending" in table[0] and "dead-lettered" in table[0] and len(table) == 3
     assert len(intake_rows(answers)) == 3
+
+
+RECORD = {"request_id": "DOCS:7", "task": "embed", "deliveries": 5,
+          "error": {"code": "internal", "message": "the batch failed: " + "e" * 2000}}
+
+
+def test_a_dead_letter_that_fits_carries_the_whole_job():
+    body, headers = dead_letter(RECORD, b"job", {"Nats-Msg-Id": "m"}, 1 << 20, "DOCS", 7)
+    assert msgpack.unpackb(body) == {**RECORD, "job": b"job"} and headers == {"Nats-Msg-Id": "m"}
+
+
+@pytest.mark.parametrize("max_payload", [400, 1000, 3000, 3500])
+def test_a_dead_letter_over_max_payload_leaves_out_the_job_then_cuts_the_error(max_payload):
+    job = b"j" * 3000
+    headers = {"Nats-Msg-Id": "m", "Pooling-Note": "n" * 200}
+    body, kept = dead_letter(RECORD, job, headers, max_payload, "DOCS", 7)
+    assert len(body) + header_bytes(kept) <= max_payload
+    record = msgpack.unpackb(body)
+    assert record["job"] is None and record["job_bytes"] == 3000
+    assert (record["stream"], record["seq"], record["deliveries"]) == ("DOCS", 7, 5)
+    assert record["error"]["code"] == "internal"
+    if max_payload < 2400:
+        assert "(shortened from 2018 chars)" in record["error"]["message"]
+    # 400: the shortened record (about 330 bytes) leaves no room for the job's headers.
+    assert kept == (None if max_payload == 400 else headers)

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from nats.js.api import StreamConfig
 
+import poolwire.actors.engine
+from poolwire.actors.durable import stream_name
 from poolwire.actors.framing import ReplyStyle, header_bytes, one_reply, wire_item
 from poolwire.actors.nats_server import NatsServer
 from poolwire.actors.pipeline import Place
@@ -140,3 +142,53 @@ async def test_a_long_doc_id_and_long_field_names_are_answered_once_within_max_p
     assert counted == 2
     report("long doc_id and field names", answered_s=round(took, 2),
            field_error_bytes=len(by_seq[2][0].data), redelivered=consumer.num_redelivered)
+
+
+@pytest.mark.chaos
+async def test_a_poison_document_near_max_payload_is_dead_lettered_once(
+        minilm, start_worker, prefix, monkeypatch, report):
+    """A document of about 2.9 KB under a 3 KiB max_payload whose forward pass raises on every
+    delivery (patched in this in-process worker, as a device fault on that input would): its
+    dead letter, which carries the document, cannot hold all of it under max_payload."""
+    root, docs = streams(prefix)
+    poison_ids = minilm.tokenizer("poisonous xylophone")["input_ids"]
+    real = poolwire.actors.engine.run_batch
+
+    def failing_on_poison(model, seqs, specs, *precision):
+        if any(list(seq.ids) == poison_ids for seq in seqs):
+            raise RuntimeError("simulated device fault on this input")
+        return real(model, seqs, specs, *precision)
+
+    monkeypatch.setattr(poolwire.actors.engine, "run_batch", failing_on_poison)
+    with NatsServer(max_payload=3 * 1024) as server:
+        nc = await nats.connect(server.url)
+        try:
+            js, results = await pipeline(nc, root, docs)
+            document = msgpack.packb({"id": "p", "text": "poisonous xylophone", "pad": "x" * 2900})
+            assert 2900 < len(document) < nc.max_payload
+            async with start_worker(minilm, url=server.url, pipeline_stream=docs,
+                                    pipeline_input=f"{root}.in", pipeline_output=f"{root}.out",
+                                    pipeline_id_field="id", durable_max_deliveries=2,
+                                    durable_ack_wait_s=ACK_WAIT_S) as worker:
+                before = num_errors(worker)
+                await js.publish(f"{root}.in.1", document)
+                await js.publish(f"{root}.in.2", msgpack.packb({"id": "next", "text": "fine"}))
+                got, took = await results_of(results, 2)
+                counted = num_errors(worker) - before
+                intake = worker.intakes[0].counters()
+                dead = await js.pull_subscribe(f"{prefix}.dead.embed",
+                                               stream=stream_name("DEAD", prefix))
+                letters = await dead.fetch(5, timeout=2)
+            max_payload = nc.max_payload
+        finally:
+            await nc.close()
+    by_seq = {int(m.headers["Pooling-Source-Seq"]): (m, msgpack.unpackb(m.data)) for m in got}
+    assert by_seq[1][1]["doc_id"] == "p" and by_seq[1][1]["error"]["code"] == "internal"
+    assert by_seq[2][1]["doc_id"] == "next" and "data" in by_seq[2][1]
+    assert len(letters) == 1 and intake["dead_lettered"] == 1 and counted == 1
+    record = msgpack.unpackb(letters[0].data)
+    assert record["job"] is None and record["job_bytes"] == len(document)
+    assert all(len(m.data) + header_bytes(m.headers) <= max_payload
+               for m in [*got, *letters])
+    report("poison document near max_payload", answered_s=round(took, 2),
+           dead_letter_bytes=len(letters[0].data), deliveries=record["deliveries"])
