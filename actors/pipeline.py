@@ -65,7 +65,7 @@ class Place:
 
 # A doc_id is echoed in every result, as a request_id is in every frame, and an error frame
 # cannot shorten it (it is how a consumer matches the result to its document): so it gets the
-# request_id's bound. 256 characters encode to at most about 3 KB (JSON's \\u escapes of astral
+# request_id's bound. 256 characters encode to at most about 3 KB (JSON's \u escapes of astral
 # characters), which any max_payload a pooling reply fits in leaves room for.
 MAX_DOC_ID_CHARS = MAX_REQUEST_ID_CHARS
 # How many of a document's field names the missing-text-field error lists, each a preview.
@@ -97,7 +97,7 @@ def checked_doc_id(value: Any, field: str, request_id: str) -> str | int:
     raise invalid(f"document {request_id}'s id field {field_name(field)!r} ({preview(value)}) "
                   f"{what}; a doc_id must be a string of 1 to {MAX_DOC_ID_CHARS} characters or a "
                   f"64-bit integer (its result carries the stream sequence as doc_id instead); "
-                  f"point --pipeline-id-field at a shorter id", field=field)
+                  f"point --pipeline-id-field at a field holding such an id", field=field)
 
 
 def doc_id_bytes(doc_id: Any, fmt: WireFormat) -> int:

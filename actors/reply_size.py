@@ -144,7 +144,7 @@ def too_large(estimate: ReplyEstimate, max_payload: int,
         ErrorCode.PAYLOAD_TOO_LARGE,
         f"a one-message reply to {estimate.items} items would be about {estimate.bytes} bytes, "
         f"over this connection's max_payload of {max_payload} bytes ({estimate.limit} after "
-        f"headers and what the intake adds): {remedy}; nothing was computed",
+        f"headers): {remedy}; nothing was computed",
         items=estimate.items, estimated_bytes=estimate.bytes, max_payload=max_payload)
 
 
