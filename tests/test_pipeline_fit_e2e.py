@@ -3,6 +3,7 @@ a small max_payload: each is answered exactly once, by an error result that fits
 worker goes on to serve the next document (before, such a document was computed, failed to
 store, and was delivered again)."""
 
+import json
 import time
 
 import msgpack
@@ -105,9 +106,12 @@ async def test_a_long_doc_id_and_long_field_names_are_answered_once_within_max_p
         minilm, start_worker, prefix, report):
     """3 KiB: a MiniLM result and a little more. A doc_id of 300 characters, refused as
     invalid_request with the stream sequence as doc_id; a document without its text field whose
-    ten field names of 200 characters are listed as previews."""
+    ten field names of 200 characters are listed as previews; a JSON document whose doc_id is
+    within the bound (256 emoji) but encodes to 3 KB (`\\ud83d\\ude00` each), too big for
+    any result: it is refused as payload_too_large, stored with the stream sequence as doc_id."""
     root, docs = streams(prefix)
     long_id = "d" * 300  # over the 256 characters of MAX_DOC_ID_CHARS
+    emoji_id = "\U0001F600" * 256
     no_text = {f"{i}" + "f" * 199: i for i in range(10)}
     with NatsServer(max_payload=3 * 1024) as server:
         nc = await nats.connect(server.url)
@@ -120,14 +124,17 @@ async def test_a_long_doc_id_and_long_field_names_are_answered_once_within_max_p
                 await js.publish(f"{root}.in.1", msgpack.packb({"id": long_id, "text": "first"}))
                 await js.publish(f"{root}.in.2", msgpack.packb({"id": "two", **no_text}))
                 await js.publish(f"{root}.in.3", msgpack.packb({"id": "three", "text": "third"}))
-                got, took = await results_of(results, 3)
+                await js.publish(f"{root}.in.4", json.dumps(
+                    {"id": emoji_id, "text": "fourth"}, ensure_ascii=False).encode())
+                got, took = await results_of(results, 4)
                 counted = num_errors(worker) - before
                 consumer = await js.consumer_info(docs, f"poolwire_pipeline_{docs}_poolwire")
             max_payload = nc.max_payload
         finally:
             await nc.close()
-    by_seq = {int(m.headers["Pooling-Source-Seq"]): (m, msgpack.unpackb(m.data)) for m in got}
-    assert sorted(by_seq) == [1, 2, 3]
+    by_seq = {int(m.headers["Pooling-Source-Seq"]): (m, (json.loads if m.data[:1] == b"{" else
+                                                         msgpack.unpackb)(m.data)) for m in got}
+    assert sorted(by_seq) == [1, 2, 3, 4]
     _, long = by_seq[1]
     assert long["doc_id"] == 1 and long["error"]["code"] == "invalid_request"
     assert long["error"]["field"] == "id" and "300 characters" in long["error"]["message"]
@@ -137,9 +144,11 @@ async def test_a_long_doc_id_and_long_field_names_are_answered_once_within_max_p
     assert message.count("...(200 chars)") == 10 and "shortened from" not in message
     _, served = by_seq[3]
     assert served["doc_id"] == "three" and len(served["data"][0]["data"]) == minilm.embedding_size
+    _, emoji = by_seq[4]
+    assert emoji["doc_id"] == 4 and emoji["error"]["code"] == "payload_too_large"
     assert all(fits(m, max_payload) for m, _ in by_seq.values())
     assert consumer.num_redelivered == 0 and consumer.num_ack_pending == 0
-    assert counted == 2
+    assert counted == 3
     report("long doc_id and field names", answered_s=round(took, 2),
            field_error_bytes=len(by_seq[2][0].data), redelivered=consumer.num_redelivered)
 
