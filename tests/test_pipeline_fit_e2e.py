@@ -57,8 +57,17 @@ def fits(msg, max_payload: int) -> bool:
     return len(msg.data) + header_bytes(msg.headers) <= max_payload
 
 
+@pytest.mark.parametrize("engine_sizes_it", [True, False], ids=["engine", "intake-backstop"])
 async def test_a_result_just_under_max_payload_is_stored_as_payload_too_large_once(
-        minilm, start_worker, prefix, report):
+        minilm, start_worker, prefix, report, monkeypatch, engine_sizes_it):
+    """`engine`: refused before compute. `intake-backstop`: the engine's sizing is made to
+    ignore what the pipeline adds (as a reply the estimate did not cover would), and the
+    intake still stores payload_too_large rather than a result it cannot store."""
+    if not engine_sizes_it:
+        import poolwire.actors.reply_size as reply_size
+        ignoring = lambda job, max_payload: (max_payload, job.headers)  # noqa: E731
+        monkeypatch.setattr(reply_size, "reply_room", ignoring)
+        monkeypatch.setattr(poolwire.actors.engine, "reply_room", ignoring)
     root, docs = streams(prefix)
     short_id, long_id = "a", "b" * 60
     # The engine's one-message reply to either document (MessagePack packs every float in 5
@@ -93,7 +102,8 @@ async def test_a_result_just_under_max_payload_is_stored_as_payload_too_large_on
     by_seq = {int(m.headers["Pooling-Source-Seq"]): msgpack.unpackb(m.data) for m in got}
     refused, served = by_seq[1], by_seq[2]
     assert refused["doc_id"] == long_id and refused["error"]["code"] == "payload_too_large"
-    assert f"max_payload (now {max_payload} bytes)" in refused["error"]["message"]
+    assert f"max_payload (now {max_payload} bytes)" in refused["error"]["message"] \
+        if engine_sizes_it else "over max_payload" in refused["error"]["message"]
     assert served["doc_id"] == short_id and len(served["data"][0]["data"]) == minilm.embedding_size
     assert all(fits(m, max_payload) for m in got)
     assert consumer.num_redelivered == 0 and consumer.num_ack_pending == 0
