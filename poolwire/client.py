@@ -188,7 +188,8 @@ class PoolingClient:
         deadline = time.monotonic() + retry_s
         while True:
             try:
-                await js.publish(subject, data, headers=headers, timeout=2.0)
+                with watch(self.nc, subject) as refused:  # not retried: it would be refused again
+                    await refused.race(js.publish(subject, data, headers=headers, timeout=2.0))
                 return
             except (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
                     nats.errors.TimeoutError, nats.errors.NoRespondersError,

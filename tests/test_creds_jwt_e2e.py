@@ -30,6 +30,8 @@ from tests import nats_jwt as jwt
 pytestmark = [pytest.mark.timeout(60)]
 
 PREFIX = "jwt"
+# Workers here take a padding budget as given: measuring it (seconds of forward passes) is not
+# what these tests are about.
 
 
 @dataclass
@@ -45,8 +47,6 @@ def operator_mode(tmp_path_factory):
     operator, system, app = jwt.operator_key(), jwt.account_key(), jwt.account_key()
     accounts = {system.public: jwt.account_jwt(operator, system, "SYS"),
                 app.public: jwt.account_jwt(operator, app, "APP", jetstream=True)}
-    (d / "nats.conf").write_text(jwt.server_config(jwt.operator_jwt(operator, system.public),
-                                                   system.public, accounts))
     users = {
         # The worker's permissions, as a deployment would give them: requests in, replies
         # out (allow_responses), events and the JetStream API for its events stream, its
@@ -66,11 +66,18 @@ def operator_mode(tmp_path_factory):
         token = jwt.user_jwt(app, user, name, **permissions)
         creds[name] = jwt.write_creds(d / f"{name}.creds", token, user)
         secrets += [user.seed.decode(), token, token.split(".")[2]]
+    # A user of an account whose JWT gives it no JetStream storage.
+    no_js, user = jwt.account_key(), jwt.user_key()
+    accounts[no_js.public] = jwt.account_jwt(operator, no_js, "NO-JS")
+    creds["no-jetstream"] = jwt.write_creds(d / "no-jetstream.creds",
+                                            jwt.user_jwt(no_js, user, "no-js"), user)
     # A well-formed creds file signed by an account the operator never issued.
     stranger, foreign = jwt.user_key(), jwt.account_key()
     creds["stranger"] = jwt.write_creds(d / "stranger.creds",
                                         jwt.user_jwt(foreign, stranger, "stranger"), stranger)
     assert jwt.decode_claims(accounts[app.public])["nats"]["limits"]["disk_storage"] == -1
+    (d / "nats.conf").write_text(jwt.server_config(jwt.operator_jwt(operator, system.public),
+                                                   system.public, accounts))
     with NatsServer(store_dir=d / "nats", config=d / "nats.conf") as server:
         yield OperatorMode(server.url, creds, secrets)
 
@@ -88,7 +95,7 @@ async def test_worker_serves_a_client_with_creds_files_and_leaks_neither(
     caplog.set_level(logging.DEBUG)
     monkeypatch.setenv("NATS_CREDS", str(operator_mode.creds["worker"]))  # as `poolwire serve` reads it
     settings = WorkerSettings(prefix=PREFIX, nats_inbox_prefix="_INBOX.worker", multitask="warn",
-                              probe_interval_s=0.5)
+                              probe_interval_s=0.5, max_added_padding=16)
     assert settings.nats_creds == operator_mode.creds["worker"]
     worker = Worker(settings, minilm)
     await worker.start(operator_mode.url)
@@ -133,7 +140,7 @@ async def test_worker_serves_a_client_with_creds_files_and_leaks_neither(
 
 
 async def test_the_jwt_permissions_are_enforced_and_reported_at_once(operator_mode, minilm, report):
-    worker = Worker(WorkerSettings(prefix=PREFIX, multitask="warn",
+    worker = Worker(WorkerSettings(prefix=PREFIX, multitask="warn", max_added_padding=16,
                                    nats_creds=operator_mode.creds["worker"],
                                    nats_inbox_prefix="_INBOX.worker"), minilm)
     await worker.start(operator_mode.url)
@@ -150,6 +157,12 @@ async def test_the_jwt_permissions_are_enforced_and_reported_at_once(operator_mo
             assert f"publishing to '{PREFIX}.classify'" in message and "\n" not in message
             assert "--nats-creds / NATS_CREDS" in message
             assert publish_refused_s < 5  # the server's refusal, not the 20 s timeout
+            # A durable job (JetStream publish, retried for 10 s on a missing stream) is
+            # refused at once too.
+            start = loop.time()
+            with pytest.raises(PermissionRefusedError, match=f"publishing to '{PREFIX}.jobs.embed'"):
+                await client.submit("embed", {"input": ["not allowed"]})
+            assert loop.time() - start < 5
             # The connection is still good for what the user may do.
             assert len((await client.embed(["still allowed"]))["data"]) == 1
         # Without its inbox prefix the user may not subscribe to its reply subjects.
@@ -179,7 +192,7 @@ async def test_the_jwt_permissions_are_enforced_and_reported_at_once(operator_mo
 async def test_expired_or_foreign_creds_fail_at_start_in_one_line(operator_mode, minilm, user,
                                                                    report):
     creds = operator_mode.creds[user]
-    worker = Worker(WorkerSettings(prefix=PREFIX, nats_creds=creds,
+    worker = Worker(WorkerSettings(prefix=PREFIX, nats_creds=creds, max_added_padding=16,
                                    nats_connect_timeout_s=10), minilm)
     start = asyncio.get_running_loop().time()
     with pytest.raises(NatsConnectError) as info:
@@ -206,3 +219,23 @@ def test_poolwire_serve_with_expired_creds_exits_3_in_one_line(operator_mode, tm
     assert len(errors) == 1 and "refused the credentials" in errors[0], err
     assert "--nats-creds / NATS_CREDS" in errors[0] and "Traceback" not in err
     assert not any(secret in out + err for secret in operator_mode.secrets)
+
+
+async def test_an_account_without_jetstream_serves_and_says_events_are_not_stored(
+        operator_mode, minilm, caplog):
+    """JetStream is off for an account unless its JWT gives it storage: the worker still
+    serves, and says in one line that deprecation events are not stored, and why."""
+    caplog.set_level(logging.WARNING)
+    worker = Worker(WorkerSettings(prefix=PREFIX, nats_creds=operator_mode.creds["no-jetstream"],
+                                   max_added_padding=16), minilm)
+    await worker.start(operator_mode.url)
+    try:
+        async with PoolingClient(operator_mode.url, prefix=PREFIX, timeout=30,
+                                 creds=operator_mode.creds["no-jetstream"]) as client:
+            assert len((await client.embed(["hello"]))["data"]) == 1
+    finally:
+        await worker.stop()
+    warnings = [r.getMessage() for r in caplog.records if "JetStream" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "JetStream not enabled for account" in warnings[0]
+    assert "deprecation events are not stored" in warnings[0]
