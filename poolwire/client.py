@@ -104,9 +104,9 @@ class PoolingClient:
 
     async def _one(self, task: str, body: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         subject = f"{self.prefix}.{task}"
-        with watch(self.nc, subject) as refused:  # a subject the user may not publish to
-            msg = await refused.race(self.nc.request(
-                subject, msgpack.packb(body, use_bin_type=True), timeout=timeout or self.timeout))
+        with watch(self.nc, subject):  # a subject the user may not publish to fails at once
+            msg = await self.nc.request(subject, msgpack.packb(body, use_bin_type=True),
+                                        timeout=timeout or self.timeout)
         frame, _ = decode(msg.data)
         error = frame.get("error")
         if error and error.get("code") == "payload_too_large" and not body.get("stream"):
@@ -124,14 +124,16 @@ class PoolingClient:
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         try:
-            with watch(self.nc, subject) as refused:
+            # Only the first wait can be refused: a frame back means the server took the publish.
+            with watch(self.nc, subject):
                 await self.nc.publish(subject, msgpack.packb(body, use_bin_type=True), reply=inbox)
-                while True:
-                    msg = await refused.race(sub.next_msg(timeout=timeout or self.timeout))
-                    frame, _ = decode(msg.data)
-                    yield _check(frame)
-                    if frame.get("done"):
-                        return
+                msg = await sub.next_msg(timeout=timeout or self.timeout)
+            while True:
+                frame, _ = decode(msg.data)
+                yield _check(frame)
+                if frame.get("done"):
+                    return
+                msg = await sub.next_msg(timeout=timeout or self.timeout)
         finally:
             await sub.unsubscribe()
 
@@ -188,8 +190,8 @@ class PoolingClient:
         deadline = time.monotonic() + retry_s
         while True:
             try:
-                with watch(self.nc, subject) as refused:  # not retried: it would be refused again
-                    await refused.race(js.publish(subject, data, headers=headers, timeout=2.0))
+                with watch(self.nc, subject):  # not retried: it would be refused again
+                    await js.publish(subject, data, headers=headers, timeout=2.0)
                 return
             except (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
                     nats.errors.TimeoutError, nats.errors.NoRespondersError,
