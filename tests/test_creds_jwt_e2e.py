@@ -38,7 +38,7 @@ PREFIX = "jwt"
 class OperatorMode:
     url: str
     creds: dict[str, Path]      # user name -> credentials file
-    secrets: list[str]          # every seed and user JWT written into those files
+    secrets: list[str]          # the seed, JWT and signature in each application user's file
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +113,13 @@ async def test_worker_serves_a_client_with_creds_files_and_leaks_neither(
                                  inbox_prefix="_INBOX.embedder") as client:
             frames = [f async for f in client.stream("embed", {"input": ["a", "b"]})]
         assert len(frames) == 3 and frames[-1]["done"]
-        # The worker's self-check went through the server with the JWT's permissions.
-        assert worker.watchdog.last is not None and worker.watchdog.last.healthy
+        # The worker's self-check probe went through the server under the JWT's permissions.
+        # Nothing signals an answered probe: poll its time, under a deadline.
+        deadline = asyncio.get_running_loop().time() + 10
+        while worker.watchdog.check.last_ok is None:
+            assert asyncio.get_running_loop().time() < deadline, worker.watchdog.last
+            await asyncio.sleep(0.05)
+        assert worker.watchdog.last.healthy, worker.watchdog.last
         admin = await connect(NatsOptions.from_values(operator_mode.url,
                                                       creds=operator_mode.creds["admin"]))
         try:
