@@ -10,7 +10,8 @@ Rules, in order:
   it adds at most `max_added_padding` padding tokens to the batch. On a CPU a forward pass costs
   about 3.5 ms plus 0.12 ms per padded token (MiniLM, measured), so a padding token wasted costs
   as much as a 30th of a whole extra batch: tight batches beat big ones, and padding is what
-  made unsorted batching 4x slower (issue 5);
+  made unsorted batching 4x slower (issue 5). The worker sets the budget from its own device's
+  measured costs (actors/batch_cost.py);
 - items whose deadline passed are taken out (`expired`) and never planned.
 
 Items are kept in length buckets so that planning costs O(batch + buckets), not O(queue)."""

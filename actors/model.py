@@ -111,6 +111,8 @@ class LoadedModel:
     token_head: TokenHead | None = None  # a sequence classifier's head applied per token
     takes_token_types: bool = True      # the module's forward accepts token_type_ids
     decoder: bool = False               # decoder-only (causal) language model
+    # Forward-pass costs measured in this process, by precision (actors/batch_cost.py).
+    batch_costs: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.embedding_size:

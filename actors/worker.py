@@ -11,6 +11,7 @@ import nats.errors
 
 from poolwire import __version__
 from poolwire.nats_connect import close_quietly, connect, nats_options
+from poolwire.actors.batch_cost import BatchCost, batch_cost_of
 from poolwire.actors.engine import EngineActor, EngineLimits
 from poolwire.actors.selfcheck import SelfCheck
 from poolwire.actors.watchdog import Watchdog
@@ -52,6 +53,14 @@ class Worker:
         self.model = model
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
         self.precision = precision_for(settings.precision, model.device, settings.dtype)
+        # The planner's padding budget: as given, or from this device's and precision's measured
+        # forward-pass cost (actors/batch_cost.py); measuring also warms the model up.
+        self.batch_cost: BatchCost | None = None
+        if settings.max_added_padding is None:
+            self.batch_cost = batch_cost_of(model, self.precision)
+            self.max_added_padding = self.batch_cost.padding_budget(settings.max_batch_tokens)
+        else:
+            self.max_added_padding = settings.max_added_padding
         self.pipeline = pipeline_spec(settings, self.policy) if settings.pipeline_stream else None
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = StageStats()
@@ -98,7 +107,7 @@ class Worker:
         self.events = EventPublisher(self.nc, s.prefix, self.metrics)
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
-            max_wait_ms=s.max_wait_ms, max_added_padding=s.max_added_padding,
+            max_wait_ms=s.max_wait_ms, max_added_padding=self.max_added_padding,
             max_queued_tokens=s.max_queued_tokens), self.events,
             self.stats, metrics=self.metrics, precision=self.precision)
         self.validator = ValidatorActor(
@@ -129,10 +138,10 @@ class Worker:
         self.supervisor.start_loop("selfcheck", self.watchdog.run)
         self._start_metrics()
         await self.nc.flush()  # subscriptions reach the server before we say we are ready
-        log.info("serving %s (revision %s, task %s, supported %s, multitask %s, %s) on %s.* queue %s",
-                 self.model.name, self.model.revision, self.policy.configured,
+        log.info("serving %s (revision %s, task %s, supported %s, multitask %s, %s; %s) on %s.* "
+                 "queue %s", self.model.name, self.model.revision, self.policy.configured,
                  ", ".join(t.value for t in self.policy.supported), s.multitask,
-                 self.precision.describe(), s.prefix, s.queue)
+                 self.precision.describe(), self._describe_batching(), s.prefix, s.queue)
 
     async def _refuse_mixed_queue(self) -> None:
         """Before taking any request: one model and task per prefix and queue group."""
@@ -145,6 +154,19 @@ class Worker:
             await self.nc.close()
             self.nc = None
             raise
+
+    def _describe_batching(self) -> str:
+        if self.batch_cost is None:
+            return f"padding budget {self.max_added_padding} tokens (--max-added-padding)"
+        return self.batch_cost.describe(self.max_added_padding)
+
+    def batching_stats(self) -> dict:
+        """The planner's padding budget and, when measured, the cost it came from."""
+        out: dict = {"max_added_padding": self.max_added_padding}
+        if self.batch_cost is not None:
+            out["batch_fixed_ms"] = round(self.batch_cost.fixed_s * 1e3, 3)
+            out["padded_token_ms"] = round(self.batch_cost.per_token_s * 1e3, 5)
+        return out
 
     def _fail(self, reason: str) -> None:
         if self.failed is not None and not self.failed.done():
@@ -185,7 +207,7 @@ class Worker:
             return {"num_requests": requests, "num_errors": replier.errors_sent,
                     "last_error": replier.last_error, "processing_time": busy_ns,
                     "average_processing_time": busy_ns // requests if requests else 0,
-                    "data": {**self.stats.snapshot(),
+                    "data": {**self.stats.snapshot(), "batching": self.batching_stats(),
                              **{i.name: i.counters() for i in self.intakes}}}
 
         return Discovery(self.nc, version=__version__, metadata=metadata,

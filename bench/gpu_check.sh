@@ -5,7 +5,9 @@
 #   3. bench/throughput.py on the GPU: a poolwire worker and a nats-server on this machine
 #      (loopback) against in-process Sentence-Transformers on the same GPU, in each precision
 #      mode (exact: float32; fast: float32 weights under float16 autocast; float16: weights
-#      cast), printed as one table with each mode's cosine to float32.
+#      cast), printed as one table with each mode's cosine to float32;
+#   4. with time left, bench/ceiling.py: the GPU's matmul rate per precision against
+#      in-process encode's useful FLOP rate.
 #
 #   bash bench/gpu_check.sh                   # everything
 #   bash bench/gpu_check.sh --dry-run         # print the plan and the commands, run nothing
@@ -28,7 +30,7 @@ DRY_RUN=0
 KERNELS=1
 DEVICE=cuda
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 die_usage() { echo "gpu_check.sh: $1" >&2; echo "run: bash bench/gpu_check.sh --help" >&2; exit 2; }
 positive() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die_usage "$1 needs a positive whole number, got '$2'"; }
 
@@ -190,8 +192,21 @@ else
 fi
 note "end-to-end benchmark: exit $e2e_rc"
 
+# What the GPU's matmuls give in each precision, against in-process encode's useful FLOP rate:
+# how far the end-to-end table above is from the ceiling. Last and short: only with time left.
+ceiling_rc=0
+left=$((DEADLINE - SECONDS))
+log "matmul ceiling on $DEVICE (limit ${left}s)"
+if ((left > 40)); then
+    run timeout "$left" "$PY" bench/ceiling.py --device "$DEVICE" --texts 1000 --seconds 0.5
+    ceiling_rc=$?
+else
+    echo "no time left for the matmul ceiling"
+fi
+note "matmul ceiling: exit $ceiling_rc"
+
 log "done"
 printf '  %s\n' "${summary[@]}"
-((tests_rc == 0 && bench_rc == 0 && e2e_rc == 0)) && exit 0
+((tests_rc == 0 && bench_rc == 0 && e2e_rc == 0 && ceiling_rc == 0)) && exit 0
 ((bench_rc == 2)) && exit 2
 exit 1

@@ -91,8 +91,10 @@ class WorkerSettings(BaseSettings):
     max_batch_tokens: int = Field(8192, ge=1, description="padded tokens per forward pass")
     max_batch_size: int = Field(64, ge=1, description="sequences per forward pass")
     max_wait_ms: float = Field(2.0, ge=0, description="wait for more work when a batch is not full")
-    max_added_padding: int = Field(
-        16, ge=0, description="an item joins a batch only if it adds at most this many padding tokens")
+    max_added_padding: int | None = Field(
+        None, ge=0, description="an item joins a batch only if it adds at most this many padding "
+                                "tokens; default: measured at start, the padding that costs as "
+                                "much as one more forward pass on this device and precision")
     max_queued_tokens: int = Field(262144, ge=1, description="admission bound; past it: overloaded")
     drain_timeout_s: float = Field(30.0, gt=0, description="how long a drain waits for in-flight work")
     durable: CliImplicitFlag[bool] = Field(False, description="also take durable jobs from P.jobs.<task> (JetStream)")

@@ -43,6 +43,7 @@ def test_the_plan_runs_kernel_tests_kernel_benchmark_and_every_precision_mode():
     e2e = [c for c in commands if "bench/throughput.py" in c]
     assert len(e2e) == 1 and "--device cuda --modes exact,fast,float16" in e2e[0]
     assert "--configs inprocess,c1,c64,4x32 --texts 2000" in e2e[0]
+    assert any("bench/ceiling.py --device cuda" in c for c in commands), commands
 
 
 def test_the_throughput_step_alone_on_a_cpu():

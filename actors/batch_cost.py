@@ -1,0 +1,96 @@
+"""What a forward pass costs on this device, in this precision, and the padding budget that
+follows from it (`--max-added-padding`, default: measured at start).
+
+A forward pass costs about `fixed + per_token x padded tokens`. An item joining a batch adds its
+own tokens plus the padding it brings; run on its own it would cost its tokens plus another
+`fixed`. So joining pays while the padding it adds costs less than a batch's fixed cost:
+budget = fixed / per_token. Both terms change with the hardware and the precision: float32 on
+a 2-core CPU measured about 3.5 ms + 0.12 ms a token (a budget near 30), bfloat16 autocast
+halves the per-token term (the budget doubles), and on a GPU the per-token term nearly
+vanishes, so batches should fill up to `max_batch_tokens`. One fixed number serves none of
+them well, so the worker measures its own.
+
+`fit_batch_cost` and `BatchCost.padding_budget` are pure; `measure_batch_cost` times real
+forward passes."""
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from poolwire.actors.precision import PrecisionPlan, autocast
+
+# (sequences, tokens each): padded sizes from 16 to 512 tokens, small enough to take about
+# 0.3 s in all on a 2-core CPU (all-MiniLM-L6-v2) and long enough that the per-token term shows.
+CALIBRATION_SHAPES: tuple[tuple[int, int], ...] = ((1, 16), (4, 16), (4, 64), (8, 64))
+CALIBRATION_REPEATS = 2  # the fastest of these runs counts: other load only ever adds time
+MIN_BUDGET = 1
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    fixed_s: float       # a forward pass's cost whatever its size
+    per_token_s: float   # and its cost per padded token
+
+    def padding_budget(self, max_batch_tokens: int) -> int:
+        """The padding tokens an item may add to a batch: what costs as much as one more pass,
+        within [MIN_BUDGET, max_batch_tokens]."""
+        if self.per_token_s <= 0:  # tokens look free (a GPU below saturation): fill batches
+            return max_batch_tokens
+        return max(MIN_BUDGET, min(max_batch_tokens, round(self.fixed_s / self.per_token_s)))
+
+    def describe(self, budget: int) -> str:
+        return (f"padding budget {budget} tokens (a forward pass measured "
+                f"{self.fixed_s * 1e3:.2f} ms + {self.per_token_s * 1e3:.4f} ms a padded token)")
+
+
+def fit_batch_cost(samples: Sequence[tuple[int, float]]) -> BatchCost:
+    """Least-squares line through (padded tokens, seconds) samples. A negative fixed cost
+    (noise on a device where size barely matters) is read as zero fixed cost, which a budget
+    treats as "never pad"; a negative slope as free tokens."""
+    if len({tokens for tokens, _ in samples}) < 2:
+        raise ValueError(f"a cost line needs samples of at least two sizes, got {list(samples)}")
+    n = len(samples)
+    mean_t = sum(t for t, _ in samples) / n
+    mean_s = sum(s for _, s in samples) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in samples)
+    slope = sum((t - mean_t) * (s - mean_s) for t, s in samples) / spread
+    fixed = mean_s - slope * mean_t
+    return BatchCost(fixed_s=max(fixed, 0.0), per_token_s=max(slope, 0.0))
+
+
+def measure_batch_cost(model, precision: PrecisionPlan, shapes=CALIBRATION_SHAPES,
+                       repeats: int = CALIBRATION_REPEATS) -> BatchCost:
+    """Time the model's encoder on dummy batches of each shape (after one pass to warm it up,
+    which also spares the first real request the one-off set-up costs) and fit the line.
+    Lengths are capped at the model's maximum length."""
+    vocab = max(2, min(len(model.tokenizer), getattr(model.module.config, "vocab_size", 2)))
+    device = model.device
+
+    def one_pass(batch: int, length: int) -> float:
+        ids = (torch.arange(batch * length, dtype=torch.long) % (vocab - 1) + 1).view(batch, length)
+        mask = torch.ones_like(ids)
+        types = torch.zeros_like(ids)
+        ids, mask, types = (t.to(device) for t in (ids, mask, types))
+        started = time.perf_counter()
+        with torch.inference_mode(), autocast(precision):
+            model.encoder_hidden(ids, mask, types)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # CUDA runs asynchronously: wait for the work itself
+        return time.perf_counter() - started
+
+    shapes = [(batch, max(1, min(length, model.max_length))) for batch, length in shapes]
+    one_pass(*shapes[-1])
+    samples = [(batch * length, min(one_pass(batch, length) for _ in range(repeats)))
+               for batch, length in shapes]
+    return fit_batch_cost(samples)
+
+
+def batch_cost_of(model, precision: PrecisionPlan) -> BatchCost:
+    """measure_batch_cost once per model and precision in this process (workers that share a
+    loaded model, as tests do, share its measurement)."""
+    cost = model.batch_costs.get(precision)
+    if cost is None:
+        cost = model.batch_costs[precision] = measure_batch_cost(model, precision)
+    return cost
