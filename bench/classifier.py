@@ -3,8 +3,8 @@
 There is no hub access here and no classifier is bundled, so the benchmark builds one: the
 bundled all-MiniLM-L6-v2 encoder (its real weights, pooler included) under a
 `BertForSequenceClassification` head initialised from a fixed seed. A tiny random model would
-show precision errors of random weights; this one's logits go through the same 6 trained layers
-as the embed path's, so a mode's error on classify is the error a real fine-tuned MiniLM
+show the precision errors of random weights; this one's logits go through the same 6 trained
+layers as the embed path's, so a mode's error on classify is of the size a fine-tuned MiniLM
 classifier would see. The head is untrained, so the labels mean nothing: the benchmark compares
 logits, never predictions.
 """
@@ -21,7 +21,7 @@ SEED = 1234
 HEAD_STD = 1.0
 
 
-def build_classifier(dest: Path, encoder_dir: Path | None = None) -> Path:
+def build_classifier(dest: Path) -> Path:
     """Write the classifier folder (config, weights, tokenizer) to `dest` and return it. Its
     tokenizer keeps the encoder's Sentence-Transformers max_seq_length, so both tasks truncate
     the workload alike and the load generator's token counts hold for both."""
@@ -31,7 +31,7 @@ def build_classifier(dest: Path, encoder_dir: Path | None = None) -> Path:
 
     from poolwire.actors.model import bundled_model_dir, read_sentence_transformers_config
 
-    encoder_dir = Path(encoder_dir or bundled_model_dir())
+    encoder_dir = bundled_model_dir()
     dest = Path(dest)
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # its report of the head's missing weights
