@@ -22,7 +22,6 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 from nats.js.errors import NotFoundError
 
 from poolwire.actors.durable_policy import Outcome, compute_alone, exhausted, on_error, pull_size, retry_delay
-from poolwire.actors.framing import error_frame
 from poolwire.actors.ingest import new_request_id
 from poolwire.actors.messages import Incoming
 from poolwire.actors.runtime import Actor, MailboxFull
@@ -426,8 +425,10 @@ class DurableJobs(JetStreamIntake):
         return True
 
     async def deliver_error(self, t: Tracked, error: PoolingError, headers: dict | None) -> bool:
-        if t.context:
-            # Fits max_payload with every header, as every error frame must (PROTOCOL.md).
-            body, service = error_frame(t.request_id, error, t.fmt, self._nc.max_payload, headers)
-            await self._nc.publish(t.context, body, headers={**(headers or {}), **service})
+        # Through the Replier, as request/reply errors: the frame fits max_payload with every
+        # header, is counted once it is published (a job without Pooling-Reply-To counts as
+        # unanswerable), and a transient error that is retried never got here. A job whose
+        # term was lost is delivered again and its error published (and counted) again: its
+        # client receives that frame twice and drops one by request_id.
+        await self._replier.send_error(t.context, t.request_id, error, t.fmt, headers)
         return True

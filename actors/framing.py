@@ -175,11 +175,13 @@ def _cut(text: str, chars: int) -> str:
 
 def error_frame(request_id: str, error: PoolingError, fmt: WireFormat,
                 max_payload: int | None = None,
-                headers: dict[str, str] | None = None) -> tuple[bytes, dict[str, str]]:
+                headers: dict[str, str] | None = None,
+                fields: dict[str, Any] | None = None) -> tuple[bytes, dict[str, str]]:
     """The final error frame and its NATS service headers. With `max_payload`, the frame fits it
     together with `headers` and the service headers (PROTOCOL.md: an error frame always fits,
     messages are shortened if need be): first the message is cut, then the extra keys' text,
-    then a request_id too long to echo is replaced by a generated one."""
+    then a request_id too long to echo is replaced by a generated one. `fields` are top-level
+    keys the frame carries as they are (a pipeline result's `doc_id`)."""
     message = _encodable(error.message)
     extra = {k: _clean(v) for k, v in error.extra.items()}
     request_id = _encodable(request_id)
@@ -189,7 +191,8 @@ def error_frame(request_id: str, error: PoolingError, fmt: WireFormat,
         service = {"Nats-Service-Error": _cut(one_line, HEADER_MESSAGE_CHARS),
                    "Nats-Service-Error-Code": str(error.code.status)}
         frame = {"request_id": request_id,
-                 "error": {"code": error.code.value, "message": message, **extra}}
+                 "error": {"code": error.code.value, "message": message, **extra},
+                 **(fields or {})}
         return encode(frame, fmt), service
 
     body, service = build()

@@ -5,6 +5,7 @@ the input subject, so a results stream keeps them and de-duplicates redeliveries
 import logging
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from nats.js.errors import NotFoundError
@@ -14,13 +15,19 @@ from poolwire.actors.durable import (PUBLISH_TIMEOUT_S, JetStreamIntake, Tracked
 from poolwire.actors.durable_policy import compute_alone
 from poolwire.actors.framing import error_frame
 from poolwire.actors.messages import Incoming
-from poolwire.schemas.codec import WireFormat, decode, encode, sniff_format
+from poolwire.schemas.codec import decode, encode, sniff_format
 from poolwire.schemas.errors import PoolingError, invalid
 
 log = logging.getLogger(__name__)
 
 SOURCE_STREAM_HEADER = "Pooling-Source-Stream"
 SOURCE_SEQ_HEADER = "Pooling-Source-Seq"
+
+
+class Stored(Enum):
+    NEW = "new"          # published, or stored for the first time
+    REPEAT = "repeat"    # the results stream already held it (same Nats-Msg-Id): a redelivery
+    FAILED = "failed"    # not stored: the document is delivered again
 
 
 @dataclass(frozen=True)
@@ -122,28 +129,36 @@ class PipelineIntake(JetStreamIntake):
                            request_id=request_id, received_at=time.monotonic(),
                            solo=compute_alone(deliveries, self.limits.max_deliveries))
 
-    async def _store_result(self, place: Place, frame: dict, fmt: WireFormat,
-                            headers: dict | None) -> bool:
-        data = encode({**frame, "doc_id": place.doc_id}, fmt)
-        all_headers = {**(headers or {}), **place.headers()}
+    async def _store_result(self, place: Place, data: bytes, headers: dict[str, str]) -> Stored:
         if self._store is None:
-            await self._nc.publish(place.subject, data, headers=all_headers)
-            return True
+            await self._nc.publish(place.subject, data, headers=headers)
+            return Stored.NEW
         try:
-            await self._js.publish(place.subject, data, headers=all_headers,
-                                   timeout=PUBLISH_TIMEOUT_S)
+            ack = await self._js.publish(place.subject, data, headers=headers,
+                                         timeout=PUBLISH_TIMEOUT_S)
         except Exception as exc:  # not stored: the document is delivered again
             log.warning("pipeline: could not store the result of %s:%s on %s (%r)",
                         place.stream, place.seq, place.subject, exc)
-            return False
-        return True
+            return Stored.FAILED
+        return Stored.REPEAT if ack.duplicate else Stored.NEW
 
     async def deliver(self, t: Tracked, body: bytes, headers: dict | None) -> bool:
         frame, _ = decode(body)
-        return await self._store_result(t.context, frame, t.fmt, headers)
+        place: Place = t.context
+        data = encode({**frame, "doc_id": place.doc_id}, t.fmt)
+        return await self._store_result(place, data, {**(headers or {}), **place.headers()}) \
+            is not Stored.FAILED
 
     async def deliver_error(self, t: Tracked, error: PoolingError, headers: dict | None) -> bool:
-        _, service = error_frame(t.request_id, error, t.fmt)
-        return await self._store_result(t.context, {"request_id": t.request_id,
-                                                    "error": error.to_wire()},
-                                        t.fmt, {**(headers or {}), **service})
+        place: Place = t.context
+        all_headers = {**(headers or {}), **place.headers()}
+        # Shrunk to fit max_payload with the source headers and doc_id, as every error frame
+        # (a result that could never be stored would be delivered again forever).
+        data, service = error_frame(t.request_id, error, t.fmt, self._nc.max_payload,
+                                    all_headers, fields={"doc_id": place.doc_id})
+        stored = await self._store_result(place, data, {**all_headers, **service})
+        if stored is Stored.NEW:
+            # Counted once per document: a repeat refused by the results stream's de-duplication
+            # is a redelivery whose first answer was stored (and counted) already.
+            self._replier.count_error(error, service)
+        return stored is not Stored.FAILED

@@ -59,8 +59,18 @@ class Replier:
             await sink.error(subject, request_id, error, fmt, headers)
             return
         body, service_headers = error_frame(request_id, error, fmt, self.max_payload, headers)
+        await self.send(subject, body, {**(headers or {}), **service_headers})
+        self.count_error(error, service_headers)
+
+    def count_error(self, error: PoolingError, service_headers: dict[str, str]) -> None:
+        """The one place errors are counted ($SRV.STATS `num_errors`/`last_error`, the metric
+        of errors by code), whichever path answered them: request/reply here, durable jobs and
+        pipeline documents in their intakes. "Once" means once per error frame published (a
+        request's or job's reply subject) or stored (a pipeline's results stream): called after
+        the publish or the store succeeded, never for an error whose job is delivered again
+        instead of answered, and not for a pipeline result the results stream refused as a
+        duplicate (a redelivery whose first answer was stored)."""
         self.errors_sent += 1
         self.last_error = f"{error.code.value}: {service_headers['Nats-Service-Error']}"
         if self._metrics is not None:
             self._metrics.errors.labels(error.code.value).inc()
-        await self.send(subject, body, {**(headers or {}), **service_headers})

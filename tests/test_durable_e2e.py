@@ -123,6 +123,7 @@ async def test_a_poison_job_is_dead_lettered_after_the_stated_deliveries(minilm,
 
     monkeypatch.setattr(poolwire.actors.engine, "run_batch", failing_on_poison)
     async with start_worker(minilm, durable_max_deliveries=3, **DURABLE) as worker:
+        errors_before = worker.discovery.response("STATS")["endpoints"][0]["num_errors"]
         client = PoolingClient(nc, prefix=prefix)
         started = time.monotonic()
         results = await asyncio.gather(
@@ -148,6 +149,13 @@ async def test_a_poison_job_is_dead_lettered_after_the_stated_deliveries(minilm,
         assert msg.headers["Nats-Msg-Id"] == "poison-1" and "Pooling-Reply-To" in msg.headers
         assert worker.intakes[0].counters()["dead_lettered"] == 1
         await wait_for(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
+        # Counted once: the error frame the poison's client got. Its retried deliveries, and
+        # the jobs that failed beside it and were delivered again, answered no error.
+        stats = worker.discovery.response("STATS")["endpoints"][0]
+        assert stats["num_errors"] - errors_before == 1
+        assert "simulated device fault" in stats["last_error"], stats
+        assert worker.metrics.registry.get_sample_value(
+            "poolwire_errors_total", {"code": "internal"}) == 1
 
 
 async def test_an_operators_jobs_stream_is_used_as_it_is(minilm, start_worker, nc, prefix):

@@ -92,6 +92,18 @@ def test_done_and_error_frames_follow_the_schema():
     assert headers == {"Nats-Service-Error": "full now", "Nats-Service-Error-Code": "503"}
 
 
+def test_an_error_frame_with_a_doc_id_keeps_it_and_still_fits():
+    """A pipeline result's doc_id rides along as it is while the message is cut to fit."""
+    headers = {"Pooling-Source-Stream": "DOCS", "Pooling-Source-Seq": "7", "Nats-Msg-Id": "DOCS:7"}
+    error = PoolingError(ErrorCode.INVALID_REQUEST, "no field 'text' in " + "k" * 5000)
+    for fmt in WireFormat:
+        body, service = error_frame("DOCS:7", error, fmt, 1024, headers, fields={"doc_id": "d-7"})
+        frame = decode(body)[0]
+        assert frame["doc_id"] == "d-7" and frame["request_id"] == "DOCS:7"
+        assert "(shortened from" in frame["error"]["message"]
+        assert len(body) + header_bytes({**headers, **service}) <= 1024
+
+
 def test_token_frames_carry_the_tokens_and_offsets_of_their_own_rows():
     """return_tokens on a streamed token-level item split over frames: each frame has its
     rows' tokens and offsets, and the entities go with the first frame only."""
