@@ -1,5 +1,5 @@
 """What a forward pass costs on this device, in this precision, and the padding budget that
-follows from it (`--max-added-padding`, default: measured at start).
+follows from it (`--max-added-padding auto`, the default on CUDA).
 
 A forward pass costs about `fixed + per_token x padded tokens`. An item joining a batch adds its
 own tokens plus the padding it brings; run on its own it would cost its tokens plus another
@@ -7,11 +7,18 @@ own tokens plus the padding it brings; run on its own it would cost its tokens p
 budget = fixed / per_token. Both terms change with the hardware and the precision: float32 on
 a 2-core CPU measured about 3.5 ms + 0.12 ms a token (a budget near 30), bfloat16 autocast
 halves the per-token term (the budget doubles), and on a GPU the per-token term nearly
-vanishes, so batches should fill up to `max_batch_tokens`. One fixed number serves none of
-them well, so the worker measures its own.
+vanishes, so batches should fill up to `max_batch_tokens`.
 
-`fit_batch_cost` and `BatchCost.padding_budget` are pure; `measure_batch_cost` times real
-forward passes."""
+Why not measured by default on a CPU: there the timing reads the machine's load as much as the
+model. With other processes on the cores, torch's worker threads wait for each other and a
+16-token pass that takes 4 ms quiet took 100 to 670 ms, giving budgets from 69 to 1,952 tokens
+in six measurements at a load of 4 to 5 on 2 cores (and up to 60% padding in the benchmark).
+A CPU keeps the float32 budget of 16, chosen by a sweep that found 8 to 32 equally good
+(README), unless asked for `auto`; a GPU's fixed cost is its kernel launches, which the CPU's
+load barely moves, and a fixed 16 there would keep its batches needlessly small.
+
+`fit_batch_cost`, `BatchCost.padding_budget` and `budget_rule` are pure;
+`measure_batch_cost` times real forward passes."""
 
 import time
 from dataclasses import dataclass
@@ -26,6 +33,16 @@ from poolwire.actors.precision import PrecisionPlan, autocast
 CALIBRATION_SHAPES: tuple[tuple[int, int], ...] = ((1, 16), (4, 16), (4, 64), (8, 64))
 CALIBRATION_REPEATS = 2  # the fastest of these runs counts: other load only ever adds time
 MIN_BUDGET = 1
+CPU_BUDGET = 16  # tokens, for float32 on a CPU: the README's sweep of 8 / 16 / 32
+AUTO = "auto"
+
+
+def budget_rule(requested: int | str | None, device_type: str) -> int | str:
+    """`--max-added-padding` as given (a number of tokens, or "auto": measure), or by default
+    "auto" on CUDA and CPU_BUDGET elsewhere (see the module's docstring for why)."""
+    if requested is None:
+        return AUTO if device_type == "cuda" else CPU_BUDGET
+    return requested
 
 
 @dataclass(frozen=True)

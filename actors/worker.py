@@ -11,7 +11,7 @@ import nats.errors
 
 from poolwire import __version__
 from poolwire.nats_connect import close_quietly, connect, nats_options
-from poolwire.actors.batch_cost import BatchCost, batch_cost_of
+from poolwire.actors.batch_cost import AUTO, BatchCost, batch_cost_of, budget_rule
 from poolwire.actors.engine import EngineActor, EngineLimits
 from poolwire.actors.selfcheck import SelfCheck
 from poolwire.actors.watchdog import Watchdog
@@ -53,14 +53,14 @@ class Worker:
         self.model = model
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
         self.precision = precision_for(settings.precision, model.device, settings.dtype)
-        # The planner's padding budget: as given, or from this device's and precision's measured
-        # forward-pass cost (actors/batch_cost.py); measuring also warms the model up.
+        # The planner's padding budget: a number, or from this device's and precision's measured
+        # forward-pass cost (actors/batch_cost.py; measuring also warms the model up).
         self.batch_cost: BatchCost | None = None
-        if settings.max_added_padding is None:
+        budget = budget_rule(settings.max_added_padding, model.device.type)
+        if budget == AUTO:
             self.batch_cost = batch_cost_of(model, self.precision)
-            self.max_added_padding = self.batch_cost.padding_budget(settings.max_batch_tokens)
-        else:
-            self.max_added_padding = settings.max_added_padding
+            budget = self.batch_cost.padding_budget(settings.max_batch_tokens)
+        self.max_added_padding: int = budget
         self.pipeline = pipeline_spec(settings, self.policy) if settings.pipeline_stream else None
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = StageStats()
@@ -157,7 +157,10 @@ class Worker:
 
     def _describe_batching(self) -> str:
         if self.batch_cost is None:
-            return f"padding budget {self.max_added_padding} tokens (--max-added-padding)"
+            given = self.settings.max_added_padding is not None
+            return (f"padding budget {self.max_added_padding} tokens ("
+                    + ("--max-added-padding)" if given else
+                       "a CPU's default; --max-added-padding auto measures it)"))
         return self.batch_cost.describe(self.max_added_padding)
 
     def batching_stats(self) -> dict:

@@ -41,3 +41,32 @@ def embed_accuracy(reference: np.ndarray, got: np.ndarray) -> dict[str, float]:
     cos = (reference * got).sum(1) / (np.linalg.norm(reference, axis=1) * np.linalg.norm(got, axis=1))
     return {"min_cosine": float(cos.min()), "mean_cosine": float(cos.mean())}
 
+
+
+def classify_accuracy(reference: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """The largest absolute difference of any logit from its float32 reference ([N, labels]
+    each, rows in the same order): logits, not probabilities, since a softmax would hide an
+    error on a confident text."""
+    reference, got = np.asarray(reference, np.float64), np.asarray(got, np.float64)
+    if reference.shape != got.shape:
+        raise ValueError(f"{got.shape} logits to compare with {reference.shape} references")
+    return {"max_abs_diff": float(np.abs(got - reference).max(initial=0.0))}
+
+
+ACCURACY = {"embed": embed_accuracy, "classify": classify_accuracy}
+
+
+def accuracy_cells(task: str, accuracy: dict[str, float], reference: bool = False) -> list[str]:
+    """The table's min cosine, mean cosine and max abs diff cells of one row: its numbers, or
+    `reference` for the float32 run they are measured against, or n/a where the column is not
+    the row's task's (or no reference was run)."""
+    own = {"embed": ("min_cosine", "mean_cosine"), "classify": ("max_abs_diff",)}[task]
+    cells = []
+    for name, fmt in (("min_cosine", ".6f"), ("mean_cosine", ".6f"), ("max_abs_diff", ".3g")):
+        if name not in own:
+            cells.append("n/a")
+        elif reference:
+            cells.append("reference")
+        else:
+            cells.append(format(accuracy[name], fmt) if name in accuracy else "n/a")
+    return cells

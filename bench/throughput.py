@@ -12,12 +12,18 @@ Setups (`--configs`, comma separated):
   its peak RSS is the model's and not the load generator's), plus `encode([short])` repeated,
   the in-process floor of one short text's latency;
 - `cN`: a poolwire worker, N requests in flight at once, one text per request;
-- `KxM`: a poolwire worker, K client connections each sending requests of M texts.
+- `KxM`: a poolwire worker, K client connections each sending requests of M texts;
+- `clsN`: a poolwire worker serving a classifier (`--task classify`), N requests in flight, one
+  text per request. The classifier is built for the run from the bundled encoder
+  (bench/classifier.py); with `inprocess`, its in-process peer is the same model in float32
+  run by transformers directly, batches of --batch-size sorted by length as
+  SentenceTransformer.encode sorts them, in a subprocess of its own.
 
 Each poolwire setup runs once per precision mode (`--modes`: exact, fast, float16, bfloat16),
-and every mode's embeddings of the whole workload are compared with the in-process float32
-ones (minimum and mean cosine). Each poolwire run gets a fresh worker process (`python -m poolwire serve`), started against
-a nats-server this run starts, so peak RSS (VmHWM) is that setup's own; both sides are warmed up
+and every mode's outputs over the whole workload are compared with the in-process float32
+ones: minimum and mean cosine of the embeddings, maximum absolute difference of the logits.
+Each poolwire run gets a fresh worker process (`python -m poolwire serve`), started against a
+nats-server this run starts, so peak RSS (VmHWM) is that setup's own; both sides are warmed up
 before timing. Prints progress to stderr and markdown to stdout: the table, the command that
 made it, the latency comparison, and where the CPU went. Numbers to compare, never assertions.
 """
@@ -51,6 +57,7 @@ PREFIX = "bench.pooling"
 NOISY_CORES = 0.25           # other processes' load past which a row is flagged
 STATS_SERVICE = "poolwire"   # the workers' NATS micro service name ($SRV.STATS.poolwire)
 DERIVED_STATS = ("mean_batch_size", "padding_waste")
+INPROCESS_KEY = {"embed": "inprocess", "classify": "inprocess-classify"}  # each task's peer
 SHORT_MAX_WORDS = 30         # workload sentences have at most ~12 words, passages at least 60
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -83,9 +90,12 @@ class Setup:
     connections: int
     in_flight: int            # concurrent requests per connection
     per_request: int
+    task: str = "embed"       # the subject P.<task> and the worker's --task
 
     @property
     def label(self) -> str:
+        if self.task != "embed":
+            return f"poolwire {self.task}, concurrency {self.in_flight}, 1 text/request"
         if self.connections == 1 and self.per_request == 1:
             return f"poolwire, concurrency {self.in_flight}, 1 text/request"
         per = "1 text" if self.per_request == 1 else f"{self.per_request} texts"
@@ -94,7 +104,8 @@ class Setup:
 
 
 def parse_configs(spec: str) -> list[str | Setup]:
-    """`inprocess`, `cN` (N in flight, one text each) and `KxM` (K clients, M texts each)."""
+    """`inprocess`, `cN` (N in flight, one text each), `KxM` (K clients, M texts each) and
+    `clsN` (classify, N in flight, one text each)."""
     out: list[str | Setup] = []
     for raw in spec.split(","):
         key = raw.strip().lower()
@@ -106,10 +117,13 @@ def parse_configs(spec: str) -> list[str | Setup]:
             out.append(Setup(key, 1, int(m.group(1)), 1))
         elif m := re.fullmatch(r"(\d+)x(\d+)", key):
             out.append(Setup(key, int(m.group(1)), 1, int(m.group(2))))
+        elif m := re.fullmatch(r"cls(\d+)", key):
+            out.append(Setup(key, 1, int(m.group(1)), 1, "classify"))
         else:
             raise argparse.ArgumentTypeError(
                 f"unknown setup {raw!r} in --configs: use inprocess, cN (N requests in flight, "
-                f"one text each) or KxM (K clients, M texts per request), e.g. {DEFAULT_CONFIGS}")
+                f"one text each), KxM (K clients, M texts per request) or clsN (classify, N "
+                f"requests in flight), e.g. {DEFAULT_CONFIGS}")
         if isinstance(out[-1], Setup) and min(out[-1].connections, out[-1].in_flight,
                                                out[-1].per_request) < 1:
             raise argparse.ArgumentTypeError(f"setup {raw!r}: every count must be at least 1")
@@ -137,7 +151,8 @@ class Row:
     worker_stats: dict[str, float] = field(default_factory=dict)    # its $SRV.STATS, this phase
     notes: list[str] = field(default_factory=list)
     mode: str = "float32"                                           # precision mode run
-    accuracy: dict[str, float] = field(default_factory=dict)        # vs float32 embeddings
+    accuracy: dict[str, float] = field(default_factory=dict)        # vs float32 outputs
+    task: str = "embed"
 
     @property
     def texts_per_s(self) -> float:
@@ -176,9 +191,9 @@ class Report:
     def row(self, key: str) -> Row | None:
         return next((r for r in self.rows if r.key == key), None)
 
-    @property
-    def baseline(self) -> Row | None:
-        return self.row("inprocess")
+    def baseline_for(self, row: Row) -> Row | None:
+        """The in-process float32 run of the row's task: its throughput peer."""
+        return self.row(INPROCESS_KEY[row.task])
 
     def latency_comparison(self) -> str | None:
         single = self.row("inprocess-1")
@@ -196,26 +211,29 @@ class Report:
         return "\n".join(lines)
 
     def throughput_comparison(self) -> str | None:
-        base = self.baseline
-        if base is None:
-            return None
-        parts = [f"{r.key} {r.texts_per_s / base.texts_per_s:.2f}x"
-                 for r in self.rows if not r.key.startswith("inprocess")]
-        return (f"throughput vs {base.setup}: " + ", ".join(parts)) if parts else None
+        lines = []
+        for key in INPROCESS_KEY.values():
+            base = self.row(key)
+            parts = [f"{r.key} {r.texts_per_s / base.texts_per_s:.2f}x" for r in self.rows
+                     if base is not None and not r.key.startswith("inprocess")
+                     and self.baseline_for(r) is base]
+            if parts:
+                lines.append(f"throughput vs {base.setup}: " + ", ".join(parts))
+        return "\n".join(lines) or None
 
     def markdown(self) -> str:
-        base = self.baseline
+        from bench.precision_modes import accuracy_cells
+
         lines = ["| setup | mode | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process "
-                 "| min cos vs fp32 | mean cos vs fp32 |",
-                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                 "| min cos vs fp32 | mean cos vs fp32 | max abs diff vs fp32 |",
+                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in self.rows:
+            base = self.baseline_for(r)
             ratio = f"{r.texts_per_s / base.texts_per_s:.2f}x" if base else "n/a (no inprocess run)"
             rss = f"{r.peak_rss_mib:.0f}" if r.peak_rss_mib is not None else "n/a"
-            acc = r.accuracy
-            cos = (f"{acc['min_cosine']:.6f} | {acc['mean_cosine']:.6f}" if acc
-                   else "reference | reference" if r.key == "inprocess" else "n/a | n/a")
+            acc = accuracy_cells(r.task, r.accuracy, reference=r.key == INPROCESS_KEY[r.task])
             lines.append(f"| {r.setup} | {r.mode} | {r.texts_per_s:.1f} | {r.tokens_per_s:.0f} | "
-                         f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {rss} | {ratio} | {cos} |")
+                         f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {rss} | {ratio} | {' | '.join(acc)} |")
         out = ["\n".join(lines), "",
                f"{self.texts} texts (bench.workload.mixed_texts, seed {self.seed}: 70% short "
                f"sentences, 30% passages of 60-200 words), {self.machine}. Latency is per request "
@@ -224,7 +242,13 @@ class Report:
                f"process, or of the in-process run's own process. Cosines compare each text's "
                f"embedding with the in-process float32 one (n/a without an inprocess run); a "
                f"mode's name says what was asked and, after an arrow, what the worker served "
-               f"when it differs (its $SRV.INFO metadata).",
+               f"when it differs (its $SRV.INFO metadata)."
+               + (" Classify rows serve a classifier built for this run from the same encoder "
+                  "with a seeded 4-label head (bench/classifier.py); their in-process peer runs "
+                  "it in float32 through transformers directly, in batches sorted by length "
+                  "as SentenceTransformer.encode sorts them; the last column is the largest "
+                  "absolute difference of any logit (use_activation false) from that peer's."
+                  if any(r.task == "classify" for r in self.rows) else ""),
                "", f"command: {self.command}"]
         for line in (self.throughput_comparison(), self.latency_comparison()):
             if line:
@@ -463,22 +487,83 @@ class WorkerProcess:
 # ---- the in-process run (a) ----------------------------------------------------------------
 
 def _inprocess_child(args: argparse.Namespace) -> int:
-    """Runs in its own process: prints one JSON line with both in-process rows."""
+    """Runs in its own process: prints one JSON line with the in-process rows of one task:
+    embed (SentenceTransformer.encode, and encode([short]) one call at a time) or, given
+    --classifier, classify (transformers directly)."""
     import torch
-    from sentence_transformers import SentenceTransformer
 
-    from poolwire.actors.model import bundled_model_dir
     from bench.workload import mixed_texts
 
     texts = mixed_texts(args.texts, seed=args.seed)
-    shorts = [t for t in texts if is_short(t)] or texts
-    model = SentenceTransformer(str(args.model or bundled_model_dir()), device=args.device)
     warm = mixed_texts(64, seed=args.seed + 1)
-    model.encode(warm, batch_size=args.batch_size, show_progress_bar=False)
+    single = None
+    if args.classifier:
+        from bench.classifier import classifier_logits, load_classifier
+
+        tokenizer, module = load_classifier(Path(args.classifier), args.device)
+        name = "in-process classify"
+
+        def run_all(batch: list[str]):
+            return classifier_logits(tokenizer, module, batch, args.batch_size)
+    else:
+        from sentence_transformers import SentenceTransformer
+
+        from poolwire.actors.model import bundled_model_dir
+
+        module = SentenceTransformer(str(args.model or bundled_model_dir()), device=args.device)
+        name = "in-process encode"
+
+        def run_all(batch: list[str]):
+            return module.encode(batch, batch_size=args.batch_size, show_progress_bar=False)
+    run_all(warm)
+    if not args.classifier:
+        single = _single_text_latency(module, texts, warm, args)
+
+    # One pass over the whole workload; a forward hook times each batch (end to end: the
+    # previous batch's end, or the call's start, to this batch's end).
+    batch_ms: list[float] = []
+    mark = [0.0]
+    n_batches = math.ceil(len(texts) / args.batch_size)
+
+    def hook(_module, _inp, _out):
+        now = time.perf_counter()
+        batch_ms.append((now - mark[0]) * 1000.0)
+        mark[0] = now
+        if len(batch_ms) % max(1, n_batches // 4) == 0:
+            _log(f"{name}: {len(batch_ms)}/{n_batches} batches")
+
+    handle = module.register_forward_hook(hook)
+    _log(f"{name} of {len(texts)} texts, batch size {args.batch_size} "
+         f"(torch threads {torch.get_num_threads()})")
+    if args.settle_s > 0:
+        wait_for_quiet(args.settle_s, label=name)
+    meter = BackgroundMeter()
+    cpu0 = time.process_time()
+    mark[0] = t0 = time.perf_counter()
+    outputs = run_all(texts)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    background = meter.cores()
+    handle.remove()
+    if len(outputs) != len(texts):
+        raise RuntimeError(f"{name} returned {len(outputs)} outputs for {len(texts)} texts")
+    if args.reference_out:
+        import numpy as np
+
+        np.save(args.reference_out, np.asarray(outputs, dtype=np.float32))
+    print(json.dumps({
+        "single": single,
+        "batch": {"wall_s": wall, "latencies_ms": batch_ms, "peak_rss_mib": peak_rss_mib(os.getpid()),
+                  "cpu_s": cpu, "background": background},
+        "torch_threads": torch.get_num_threads(),
+    }), flush=True)
+    return 0
+
+
+def _single_text_latency(model, texts: list[str], warm: list[str], args: argparse.Namespace) -> dict:
+    """encode([short]) repeated: the in-process floor of one short text's latency."""
+    shorts = [t for t in texts if is_short(t)] or texts
     for t in warm[:8]:
         model.encode([t], show_progress_bar=False)
-
-    # encode([short]) repeated: the in-process floor of one short text's latency.
     single_ms = []
     if args.settle_s > 0:
         wait_for_quiet(args.settle_s, label="in-process encode([short])")
@@ -488,66 +573,29 @@ def _inprocess_child(args: argparse.Namespace) -> int:
         s = time.perf_counter()
         model.encode([shorts[i % len(shorts)]], show_progress_bar=False)
         single_ms.append((time.perf_counter() - s) * 1000.0)
-    single_wall, single_cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    single_background = meter.cores()
-    single_rss = peak_rss_mib(os.getpid())
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     _log(f"in-process encode([short]) x {args.latency_reps}: p50 "
          f"{percentile(single_ms, 50):.2f} ms")
-
-    # One encode of the whole workload; a forward hook times each batch (end to end: the
-    # previous batch's end, or the call's start, to this batch's end).
-    batch_ms: list[float] = []
-    mark = [0.0]
-    done = [0]
-    n_batches = math.ceil(len(texts) / args.batch_size)
-
-    def hook(_module, _inp, _out):
-        now = time.perf_counter()
-        batch_ms.append((now - mark[0]) * 1000.0)
-        mark[0] = now
-        done[0] += 1
-        if done[0] % max(1, n_batches // 4) == 0:
-            _log(f"in-process encode: {done[0]}/{n_batches} batches")
-
-    handle = model.register_forward_hook(hook)
-    _log(f"in-process encode of {len(texts)} texts, batch size {args.batch_size} "
-         f"(torch threads {torch.get_num_threads()})")
-    if args.settle_s > 0:
-        wait_for_quiet(args.settle_s, label="in-process encode")
-    meter = BackgroundMeter()
-    cpu0 = time.process_time()
-    mark[0] = t0 = time.perf_counter()
-    embeddings = model.encode(texts, batch_size=args.batch_size, show_progress_bar=False)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    background = meter.cores()
-    handle.remove()
-    if len(embeddings) != len(texts):
-        raise RuntimeError(f"encode returned {len(embeddings)} embeddings for {len(texts)} texts")
-    if args.reference_out:
-        import numpy as np
-
-        np.save(args.reference_out, np.asarray(embeddings, dtype=np.float32))
-    print(json.dumps({
-        "single": {"calls": args.latency_reps, "wall_s": single_wall, "latencies_ms": single_ms,
-                   "peak_rss_mib": single_rss, "cpu_s": single_cpu, "background": single_background,
-                   "texts": [shorts[i % len(shorts)] for i in range(args.latency_reps)]},
-        "batch": {"wall_s": wall, "latencies_ms": batch_ms, "peak_rss_mib": peak_rss_mib(os.getpid()),
-                  "cpu_s": cpu, "background": background},
-        "torch_threads": torch.get_num_threads(),
-    }), flush=True)
-    return 0
+    return {"calls": args.latency_reps, "wall_s": wall, "latencies_ms": single_ms,
+            "peak_rss_mib": peak_rss_mib(os.getpid()), "cpu_s": cpu, "background": meter.cores(),
+            "texts": [shorts[i % len(shorts)] for i in range(args.latency_reps)]}
 
 
-def run_inprocess(args: argparse.Namespace, count_tokens) -> list[Row]:
+def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
+                  reference_out: str | None = None) -> list[Row]:
+    """The in-process rows of `task`, from a child process of their own (so its peak RSS is
+    that task's model's); the child saves its float32 outputs to `reference_out`."""
     cmd = [sys.executable, "-m", "bench.throughput", "--inprocess-child", "--texts", str(args.texts),
            "--seed", str(args.seed), "--batch-size", str(args.batch_size),
            "--latency-reps", str(args.latency_reps), "--settle-s", str(args.settle_s),
            "--device", args.device]
-    if args.reference_out:
-        cmd += ["--reference-out", args.reference_out]
-    if args.model:
+    if reference_out:
+        cmd += ["--reference-out", reference_out]
+    if task == "classify":
+        cmd += ["--classifier", args.classifier]
+    elif args.model:
         cmd += ["--model", args.model]
-    _log("in-process: starting its own process (SentenceTransformer)")
+    _log(f"in-process {task}: starting its own process")
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             env=_child_env(args.torch_threads), text=True)
     try:
@@ -555,22 +603,25 @@ def run_inprocess(args: argparse.Namespace, count_tokens) -> list[Row]:
     finally:
         _stop_process(proc, timeout=10)
     if proc.returncode != 0:
-        raise RuntimeError(f"the in-process run exited with {proc.returncode}")
+        raise RuntimeError(f"the in-process {task} run exited with {proc.returncode}")
     data = json.loads(out.strip().splitlines()[-1])
     from bench.workload import mixed_texts
 
     texts = mixed_texts(args.texts, seed=args.seed)
     single, batch = data["single"], data["batch"]
-    return [
-        Row("inprocess", f"in-process encode, batch size {args.batch_size}", len(texts),
-            sum(count_tokens(texts)), batch["wall_s"], batch["latencies_ms"], batch["peak_rss_mib"],
-            requests=len(batch["latencies_ms"]), latency_unit=f"batch of {args.batch_size}",
-            cpu_s={"inprocess": batch["cpu_s"], "background": batch["background"]}),
-        Row("inprocess-1", "in-process encode([short]), one call at a time", single["calls"],
-            sum(count_tokens(single["texts"])), single["wall_s"], single["latencies_ms"],
-            single["peak_rss_mib"], requests=single["calls"], latency_unit="call",
-            cpu_s={"inprocess": single["cpu_s"], "background": single["background"]}),
-    ]
+    what = ("transformers classify" if task == "classify" else "encode")
+    rows = [Row(INPROCESS_KEY[task], f"in-process {what}, batch size {args.batch_size}", len(texts),
+                sum(count_tokens(texts)), batch["wall_s"], batch["latencies_ms"],
+                batch["peak_rss_mib"], requests=len(batch["latencies_ms"]),
+                latency_unit=f"batch of {args.batch_size}", task=task,
+                cpu_s={"inprocess": batch["cpu_s"], "background": batch["background"]})]
+    if single is not None:
+        rows.append(Row("inprocess-1", "in-process encode([short]), one call at a time",
+                        single["calls"], sum(count_tokens(single["texts"])), single["wall_s"],
+                        single["latencies_ms"], single["peak_rss_mib"], requests=single["calls"],
+                        latency_unit="call",
+                        cpu_s={"inprocess": single["cpu_s"], "background": single["background"]}))
+    return rows
 
 
 # ---- the poolwire runs (b) -----------------------------------------------------------------
@@ -587,7 +638,7 @@ class LoadResult:
     worker_cpu_s: dict[str, float]
     background_cores: float
     worker_stats: dict[str, float] | None = None
-    vectors: list | None = None          # each text's embedding, in workload order
+    vectors: list | None = None          # each text's embedding or logits, in workload order
     served_precision: str | None = None  # the worker's $SRV.INFO metadata says
 
 
@@ -605,8 +656,10 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
     import msgpack
     import nats
 
-    subject = f"{PREFIX}.embed"
+    subject = f"{PREFIX}.{setup.task}"
     extra = {"truncate_prompt_tokens": -1} if truncate else {}
+    if setup.task == "classify":
+        extra["use_activation"] = False  # logits, what the in-process peer is compared on
 
     def body(batch: list[str]) -> bytes:
         return msgpack.packb({"input": batch[0] if len(batch) == 1 else batch, **extra},
@@ -750,13 +803,16 @@ def stats_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], truncate: bool,
                  args: argparse.Namespace, workdir: Path, mode: str = "exact",
                  reference=None) -> Row:
-    from bench.precision_modes import MODE_ARGS, embed_accuracy
+    from bench.precision_modes import ACCURACY, MODE_ARGS
 
     key = setup.key if mode == "exact" else f"{setup.key}-{mode}"
     label = setup.label if mode == "exact" else f"{setup.label}, {mode}"
     profile = Path(args.profile_worker) / f"worker-{key}.prof" if args.profile_worker else None
     worker_args = ["--device", args.device, *MODE_ARGS[mode], *shlex.split(args.worker_args or "")]
-    worker = WorkerProcess(url, args.model, worker_args, workdir / f"worker-{key}.log", profile,
+    model = args.model
+    if setup.task == "classify":
+        model, worker_args = args.classifier, [*worker_args, "--task", "classify"]
+    worker = WorkerProcess(url, model, worker_args, workdir / f"worker-{key}.log", profile,
                            args.torch_threads)
     _log(f"{label}: starting a worker")
     t0 = time.perf_counter()
@@ -777,7 +833,7 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
     row = Row(key, label, len(texts), sum(tokens), result.wall_s, result.latencies_ms,
               rss, requests=len(result.latencies_ms), errors=result.errors,
               worker_stats=result.worker_stats or {},
-              short_latencies_ms=result.short_latencies_ms,
+              short_latencies_ms=result.short_latencies_ms, task=setup.task,
               cpu_s={"worker_main": result.worker_cpu_s.get("main", math.nan),
                      "worker_other": result.worker_cpu_s.get("other", math.nan),
                      "client": result.client_cpu_s, "background": result.background_cores})
@@ -785,7 +841,7 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
     expected = "fast" if mode == "fast" else "exact"
     row.mode = mode if served in (None, expected) else f"{mode} -> {served}"
     if reference is not None and result.vectors is not None:
-        row.accuracy = embed_accuracy(reference, result.vectors)
+        row.accuracy = ACCURACY[setup.task](reference, result.vectors)
     if result.errors:
         row.notes.append(f"{result.errors} of {row.requests} requests failed, e.g. "
                          + "; ".join(result.error_samples))
@@ -825,7 +881,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--configs", type=parse_configs, default=None,
                    help=f"setups to run, comma separated: inprocess, cN (N requests in flight, one "
-                        f"text each), KxM (K clients, M texts per request); default {DEFAULT_CONFIGS}")
+                        f"text each), KxM (K clients, M texts per request), clsN (classify, N "
+                        f"requests in flight); default {DEFAULT_CONFIGS}")
     p.add_argument("--quick", action="store_true",
                    help=f"a small run: {QUICK_TEXTS} texts (unless --texts is given) and 50 "
                         f"latency repetitions")
@@ -854,7 +911,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "worker-<setup>.prof and print the top functions to stderr")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--inprocess-child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--reference-out", help=argparse.SUPPRESS)  # the child's float32 embeddings
+    p.add_argument("--reference-out", help=argparse.SUPPRESS)  # the child's float32 outputs
+    p.add_argument("--classifier", help=argparse.SUPPRESS)     # the run's classifier folder
     return p
 
 
@@ -894,6 +952,11 @@ def main(argv: list[str] | None = None) -> int:
         return _inprocess_child(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     configs = args.configs or parse_configs(DEFAULT_CONFIGS)
+    classify = [c.key for c in configs if isinstance(c, Setup) and c.task == "classify"]
+    if args.model and classify:
+        build_parser().error(f"--model {args.model} with {', '.join(classify)}: classify setups "
+                             f"serve a classifier built from the bundled all-MiniLM-L6-v2 "
+                             f"(bench/classifier.py); run them without --model")
     report = run(args, configs, _command_line(argv))
     print(report.markdown(), flush=True)
     if args.json:
@@ -929,17 +992,24 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
     report = Report(command, len(texts), args.seed, [], _machine())
     if args.profile_worker:
         Path(args.profile_worker).mkdir(parents=True, exist_ok=True)
+    tasks = ["embed", *({c.task for c in configs if isinstance(c, Setup)} - {"embed"})]
     with tempfile.TemporaryDirectory(prefix="poolwire-bench-") as tmp:
         server = None
         try:
-            reference = None
-            args.reference_out = str(Path(tmp) / "reference.npy")
+            if "classify" in tasks:
+                from bench.classifier import build_classifier
+
+                _log("classify: building the classifier (bench/classifier.py)")
+                args.classifier = str(build_classifier(Path(tmp) / "classifier"))
+            references = {}
             for config in configs:
                 if config == "inprocess":
-                    report.rows.extend(run_inprocess(args, count_tokens))
                     import numpy as np
 
-                    reference = np.load(args.reference_out)
+                    for task in tasks:
+                        out = str(Path(tmp) / f"reference-{task}.npy")
+                        report.rows.extend(run_inprocess(args, count_tokens, task, out))
+                        references[task] = np.load(out)
                     continue
                 if server is None:
                     server = NatsServer(store_dir=Path(tmp) / "nats")
@@ -947,7 +1017,7 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
                     _log(f"nats-server at {url}")
                 for mode in args.modes or parse_modes(DEFAULT_MODES):
                     report.rows.append(run_poolwire(config, url, texts, tokens, truncate, args,
-                                                    Path(tmp), mode, reference))
+                                                    Path(tmp), mode, references.get(config.task)))
         finally:
             if server is not None:
                 server.stop()

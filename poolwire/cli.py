@@ -195,6 +195,7 @@ async def client_command(args) -> int:
     import nats.errors
 
     from poolwire.client import JobNotStoredError, PoolingClient, PoolingServiceError
+    from poolwire.refusals import PermissionRefusedError
 
     subject = (f"{args.prefix}.jobs.{args.task}" if args.command == "submit"
                else f"{args.prefix}.{args.command}")
@@ -212,7 +213,7 @@ async def client_command(args) -> int:
     except PoolingServiceError as exc:
         print(json.dumps({"request_id": exc.request_id, "error": exc.error}), file=sys.stderr)
         return 1
-    except NatsConnectError as exc:
+    except (NatsConnectError, PermissionRefusedError) as exc:
         print(f"poolwire: {exc}", file=sys.stderr)
         return EXIT_NATS_UNAVAILABLE
     except nats.errors.NoRespondersError:

@@ -21,7 +21,8 @@ SERVE_EXIT_CODES = f"""exit codes:
 CLIENT_EXIT_CODES = """exit codes:
   0  the reply was printed
   1  the worker answered with an error (printed as JSON on stderr)
-  3  NATS could not be reached or refused the credentials (one line on stderr)
+  3  NATS could not be reached, refused the credentials, or refused them this subject
+     (one line on stderr)
   4  no worker serves this subject (no responders)
   5  no reply within --timeout"""
 

@@ -12,6 +12,7 @@ import nats.errors
 import nats.js.errors
 
 from poolwire.nats_connect import NatsOptions, close_quietly, connect
+from poolwire.refusals import watch
 from poolwire.schemas.codec import decode
 from poolwire.whole_reply import assemble_stream, merge_replies, split_body
 
@@ -102,8 +103,10 @@ class PoolingClient:
         return merge_replies([(start, r) for (start, _), r in zip(parts, replies)], request_id)
 
     async def _one(self, task: str, body: dict[str, Any], timeout: float | None) -> dict[str, Any]:
-        msg = await self.nc.request(f"{self.prefix}.{task}", msgpack.packb(body, use_bin_type=True),
-                                    timeout=timeout or self.timeout)
+        subject = f"{self.prefix}.{task}"
+        with watch(self.nc, subject):  # a subject the user may not publish to fails at once
+            msg = await self.nc.request(subject, msgpack.packb(body, use_bin_type=True),
+                                        timeout=timeout or self.timeout)
         frame, _ = decode(msg.data)
         error = frame.get("error")
         if error and error.get("code") == "payload_too_large" and not body.get("stream"):
@@ -117,17 +120,20 @@ class PoolingClient:
         """Yield item frames, then the final `done` frame; raises on an error frame."""
         body = {k: v for k, v in body.items() if v is not None} | {"stream": True}
         body.setdefault("request_id", uuid.uuid4().hex)
+        subject = f"{self.prefix}.{task}"
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         try:
-            await self.nc.publish(f"{self.prefix}.{task}", msgpack.packb(body, use_bin_type=True),
-                                  reply=inbox)
-            while True:
+            # Only the first wait can be refused: a frame back means the server took the publish.
+            with watch(self.nc, subject):
+                await self.nc.publish(subject, msgpack.packb(body, use_bin_type=True), reply=inbox)
                 msg = await sub.next_msg(timeout=timeout or self.timeout)
+            while True:
                 frame, _ = decode(msg.data)
                 yield _check(frame)
                 if frame.get("done"):
                     return
+                msg = await sub.next_msg(timeout=timeout or self.timeout)
         finally:
             await sub.unsubscribe()
 
@@ -184,7 +190,8 @@ class PoolingClient:
         deadline = time.monotonic() + retry_s
         while True:
             try:
-                await js.publish(subject, data, headers=headers, timeout=2.0)
+                with watch(self.nc, subject):  # not retried: it would be refused again
+                    await js.publish(subject, data, headers=headers, timeout=2.0)
                 return
             except (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
                     nats.errors.TimeoutError, nats.errors.NoRespondersError,

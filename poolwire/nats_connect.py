@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import SecretStr
 
 from poolwire.nats_client import ResilientClient
+from poolwire.refusals import Refusals
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +235,9 @@ async def connect(opts: NatsOptions, *, name: str | None = None,
     opts.check()
     kwargs = opts.connect_kwargs()
     nc = ResilientClient()
+    # Subjects the server refuses this user by permission: requests waiting on them fail at
+    # once (poolwire.refusals) instead of waiting out their timeout.
+    nc.refusals = Refusals(opts.inbox_prefix or "_INBOX")
     last_error: list[BaseException] = []
     fatal = asyncio.Event()
     connected = False
@@ -246,6 +250,8 @@ async def connect(opts: NatsOptions, *, name: str | None = None,
             if _fatal_at_start(exc):
                 fatal.set()
             return
+        if nc.refusals.notify(str(exc)):
+            return  # the request it concerns raises it, in one line
         # During an outage nats-py reports every failed try (several a second); log each
         # distinct error once per outage.
         key = _describe(exc)

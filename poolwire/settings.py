@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, CliImplicitFlag, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "POOLWIRE_"
@@ -91,10 +91,11 @@ class WorkerSettings(BaseSettings):
     max_batch_tokens: int = Field(8192, ge=1, description="padded tokens per forward pass")
     max_batch_size: int = Field(64, ge=1, description="sequences per forward pass")
     max_wait_ms: float = Field(2.0, ge=0, description="wait for more work when a batch is not full")
-    max_added_padding: int | None = Field(
-        None, ge=0, description="an item joins a batch only if it adds at most this many padding "
-                                "tokens; default: measured at start, the padding that costs as "
-                                "much as one more forward pass on this device and precision")
+    max_added_padding: int | Literal["auto"] | None = Field(
+        None, description="an item joins a batch only if it adds at most this many padding "
+                          "tokens; auto: measured at start, the padding that costs as much as "
+                          "one more forward pass on this device and precision; default: auto "
+                          "on CUDA, 16 on a CPU")
     max_queued_tokens: int = Field(262144, ge=1, description="admission bound; past it: overloaded")
     drain_timeout_s: float = Field(30.0, gt=0, description="how long a drain waits for in-flight work")
     durable: CliImplicitFlag[bool] = Field(False, description="also take durable jobs from P.jobs.<task> (JetStream)")
@@ -120,6 +121,18 @@ class WorkerSettings(BaseSettings):
         description="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port); none: off")
     metrics_host: str = Field(
         "127.0.0.1", description="address the metrics server binds (0.0.0.0 in a container)")
+
+    @field_validator("max_added_padding", mode="before")
+    @classmethod
+    def _tokens_or_auto(cls, value):
+        # One message naming both forms, rather than one error per member of the union.
+        if value is None or value == "auto" or (
+                isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value)
+        raise ValueError(f"--max-added-padding {value!r}: give a number of tokens (0 or more) "
+                         f"or auto")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings,

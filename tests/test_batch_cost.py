@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from poolwire.actors.batch_cost import (CALIBRATION_SHAPES, MIN_BUDGET, BatchCost, batch_cost_of,
-                                        fit_batch_cost, measure_batch_cost)
+from poolwire.actors.batch_cost import (AUTO, CPU_BUDGET, MIN_BUDGET, BatchCost, batch_cost_of,
+                                        budget_rule, fit_batch_cost, measure_batch_cost)
 from poolwire.actors.precision import EXACT, choose_precision
 
 
@@ -80,16 +80,52 @@ def test_one_measurement_per_model_and_precision(minilm):
     assert batch_cost_of(minilm, fast) is not first  # measured again under autocast
 
 
-async def test_worker_measures_its_budget_unless_given(minilm, start_worker, nc):
+@pytest.mark.parametrize("requested, device, rule", [
+    (None, "cuda", AUTO),        # a GPU measures: a fixed budget would keep batches small
+    (None, "cpu", CPU_BUDGET),   # a CPU's timing reads its load: the swept default
+    ("auto", "cpu", AUTO),
+    (0, "cuda", 0),
+    (40, "cpu", 40),
+])
+def test_budget_rule(requested, device, rule):
+    assert budget_rule(requested, device) == rule
+
+
+async def test_a_cpu_worker_keeps_the_default_budget_without_measuring(minilm, start_worker):
     async with start_worker(minilm) as worker:
-        measured = batch_cost_of(minilm, worker.precision)
-        assert worker.max_added_padding == measured.padding_budget(worker.settings.max_batch_tokens)
-        assert worker.engine._planner.max_added_padding == worker.max_added_padding
-        stats = json.loads((await nc.request(f"$SRV.STATS.poolwire.{worker.discovery.id}", b"",
-                                                 timeout=5)).data)
-        batching = stats["endpoints"][0]["data"]["batching"]
-        assert batching["max_added_padding"] == worker.max_added_padding
-        assert batching["batch_fixed_ms"] == round(measured.fixed_s * 1e3, 3)
+        assert worker.batch_cost is None
+        assert worker.engine._planner.max_added_padding == CPU_BUDGET
     async with start_worker(minilm, max_added_padding=7) as worker:
         assert worker.batch_cost is None
         assert worker.engine._planner.max_added_padding == 7
+
+
+async def test_auto_measures_the_budget_and_stats_say_so(minilm, start_worker, nc):
+    async with start_worker(minilm, max_added_padding="auto") as worker:
+        measured = batch_cost_of(minilm, worker.precision)
+        assert worker.batch_cost is measured
+        assert worker.max_added_padding == measured.padding_budget(worker.settings.max_batch_tokens)
+        assert worker.engine._planner.max_added_padding == worker.max_added_padding
+        stats = json.loads((await nc.request(f"$SRV.STATS.poolwire.{worker.discovery.id}", b"",
+                                             timeout=5)).data)
+        batching = stats["endpoints"][0]["data"]["batching"]
+        assert batching["max_added_padding"] == worker.max_added_padding
+        assert batching["batch_fixed_ms"] == round(measured.fixed_s * 1e3, 3)
+        assert batching["padded_token_ms"] == round(measured.per_token_s * 1e3, 5)
+
+
+@pytest.mark.parametrize("value, parsed", [("auto", "auto"), ("24", 24), (0, 0), (None, None)])
+def test_setting_takes_tokens_or_auto(value, parsed):
+    from poolwire.settings import WorkerSettings
+
+    assert WorkerSettings(max_added_padding=value).max_added_padding == parsed
+
+
+@pytest.mark.parametrize("value", ["lots", "-3", -3, True, 2.5])
+def test_setting_refuses_anything_else_naming_both_forms(value):
+    from pydantic import ValidationError
+
+    from poolwire.settings import WorkerSettings
+
+    with pytest.raises(ValidationError, match="give a number of tokens .0 or more. or auto"):
+        WorkerSettings(max_added_padding=value)
