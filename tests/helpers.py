@@ -6,6 +6,16 @@ import nats
 import numpy as np
 
 
+async def poll_until(predicate, timeout: float = 20.0) -> None:
+    """Await `predicate()` until it is true, a short pause between looks, failing at the
+    deadline. For JetStream figures only (a stream's message count, a consumer's pending
+    acks): no event says "the server removed the acked message", so the tests look."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
 async def wait_until_answering(url: str, prefix: str, timeout: float = 10.0) -> None:
     """Wait until another connection gets an answer from the worker: readiness as a client sees
     it. When a worker created its events stream before subscribing, nats-server 2.15 answered

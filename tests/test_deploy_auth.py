@@ -4,7 +4,6 @@ seed mounted as a secret file, no secret value is written into the compose file,
 healthcheck asks this container's worker; against a nats-server running that config, durable
 jobs work under the NKey users and a publisher cannot take what is not its own."""
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from poolwire.actors.worker import Worker
 from poolwire.client import PoolingClient, PoolingServiceError
 from poolwire.nats_connect import NatsOptions, close_quietly, connect
 from poolwire.settings import WorkerSettings
+from tests.helpers import poll_until
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -65,13 +65,6 @@ def make_keys(tmp_path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in made.stdout.split())
 
 
-async def wait_for(predicate, timeout: float = 20.0) -> None:
-    """Polls a JetStream figure (no event says "the server removed the acked job"), a short
-    pause between looks, bounded by the deadline."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.timeout(120)
@@ -111,7 +104,7 @@ async def test_durable_jobs_under_the_deployment_nkeys(minilm, tmp_path, monkeyp
                     await client.submit("embed", {"input": "poisonous xylophone"})
                 assert info.value.code == "internal"
             js = inspector.jetstream()
-            await wait_for(lambda: _messages_are(js, jobs, 0))  # acked and terminated
+            await poll_until(lambda: _messages_are(js, jobs, 0))  # acked and terminated
             assert worker.intakes[0].counters()["dead_lettered"] == 1
             assert worker.intakes[0].counters()["completed"] == 1
             assert (await js.stream_info(dead)).state.messages == 1

@@ -18,6 +18,7 @@ from poolwire.actors.durable import stream_name
 from poolwire.actors.worker import Worker
 from poolwire.client import PoolingClient, PoolingServiceError
 from poolwire.settings import WorkerSettings
+from tests.helpers import poll_until
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -28,13 +29,6 @@ async def stream_messages(js, stream: str) -> int:
     return (await js.stream_info(stream)).state.messages
 
 
-async def wait_for(predicate, timeout: float = 10.0) -> None:
-    """Polls a JetStream figure (there is no event for "the server removed the message"),
-    a short pause between looks, bounded by the deadline."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_job_is_answered_on_its_reply_subject_then_acked(minilm, start_worker, nc, prefix):
@@ -52,7 +46,7 @@ async def test_a_job_is_answered_on_its_reply_subject_then_acked(minilm, start_w
         frame = json.loads((await sub.next_msg(timeout=10)).data)
         assert frame["request_id"] == "by-hand-1" and len(frame["data"]) == 1
         stream = stream_name("JOBS", prefix)
-        await wait_for(lambda: _empty(js, stream, "poolwire_poolwire"))
+        await poll_until(lambda: _empty(js, stream, "poolwire_poolwire"))
         stats = worker.discovery.response("STATS")["endpoints"][0]["data"]["durable"]
         assert stats["completed"] == 2 and stats["in_progress"] == 0
         assert stats["dead_lettered"] == 0 and stats["redelivered"] == 0
@@ -76,7 +70,7 @@ async def test_a_malformed_job_is_answered_with_its_error_and_terminated(minilm,
         with pytest.raises(PoolingServiceError) as info:
             await PoolingClient(nc, prefix=prefix).submit("embed", {"input": "x", "dimensions": 0})
         assert info.value.code == "invalid_request"
-        await wait_for(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
+        await poll_until(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
         # Terminated, not left for redelivery: nothing more arrives after ack_wait.
         with pytest.raises(nats.errors.TimeoutError):
             await sub.next_msg(timeout=2 * DURABLE["durable_ack_wait_s"])
@@ -90,7 +84,7 @@ async def test_jobs_published_while_no_worker_runs_are_answered_once_one_starts(
     client = PoolingClient(nc, prefix=prefix)
     jobs = [asyncio.create_task(client.submit("embed", {"input": f"kept {i}"}, timeout=60))
             for i in range(50)]
-    await wait_for(lambda: _count_is(js, stream_name("JOBS", prefix), 50))
+    await poll_until(lambda: _count_is(js, stream_name("JOBS", prefix), 50))
     assert not any(job.done() for job in jobs)
     started = time.monotonic()
     async with start_worker(minilm, **DURABLE):
@@ -148,7 +142,7 @@ async def test_a_poison_job_is_dead_lettered_after_the_stated_deliveries(minilm,
         assert msgpack.unpackb(record["job"])["input"] == "poisonous xylophone"
         assert msg.headers["Nats-Msg-Id"] == "poison-1" and "Pooling-Reply-To" in msg.headers
         assert worker.intakes[0].counters()["dead_lettered"] == 1
-        await wait_for(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
+        await poll_until(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
         # Counted once: the error frame the poison's client got. Its retried deliveries, and
         # the jobs that failed beside it and were delivered again, answered no error.
         stats = worker.discovery.response("STATS")["endpoints"][0]
@@ -233,7 +227,7 @@ async def test_a_pipeline_answers_msgpack_documents_and_names_a_missing_field(mi
         info = await js.consumer_info(f"{root}_DOCS", f"poolwire_pipeline_{root}_DOCS_poolwire")
         return info.num_ack_pending == 0 and info.num_pending == 0
 
-    await wait_for(acked)
+    await poll_until(acked)
 
 
 async def test_a_missing_pipeline_stream_is_named_at_start(minilm, nats_server, prefix):

@@ -3,7 +3,6 @@
 do, once per error frame published or stored; a pipeline's error result fits max_payload with
 its headers like every other error frame."""
 
-import asyncio
 
 import msgpack
 import nats.errors
@@ -14,19 +13,13 @@ from poolwire.actors.durable import stream_name
 from poolwire.actors.framing import header_bytes
 from poolwire.actors.nats_server import NatsServer
 from poolwire.client import PoolingClient, PoolingServiceError
+from tests.helpers import poll_until
 
 pytestmark = [pytest.mark.timeout(120)]
 
 DURABLE = dict(durable=True, durable_ack_wait_s=1.0)
 
 
-async def wait_for(predicate, timeout: float = 20.0) -> None:
-    """Polls a JetStream figure (no event says "the worker settled this message"), a short
-    pause between looks, bounded by the deadline."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 def settled(js, stream: str, consumer: str):
@@ -74,7 +67,7 @@ async def test_durable_and_pipeline_errors_are_counted_once(minilm, start_worker
             await PoolingClient(nc, prefix=prefix).submit("embed", {"input": "x", "dimensions": 0})
         await js.publish(f"{prefix}.jobs.embed", b"\xc1 nobody asks",
                          headers={"Nats-Msg-Id": "bad-2"})
-        await wait_for(settled(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
+        await poll_until(settled(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
         assert counted_since(worker, before) == (2, 2.0)
         last = errors_counted(worker)[1]
         assert last.startswith("invalid_request: dimensions"), last
@@ -85,7 +78,7 @@ async def test_durable_and_pipeline_errors_are_counted_once(minilm, start_worker
         await js.publish(f"{root}.out.b", b"stored earlier", headers={"Nats-Msg-Id": f"{docs}:2"})
         await js.publish(f"{root}.in.a", msgpack.packb({"body": "no text field"}))
         await js.publish(f"{root}.in.b", msgpack.packb({"body": "no text field either"}))
-        await wait_for(settled(js, docs, f"poolwire_pipeline_{docs}_poolwire"))
+        await poll_until(settled(js, docs, f"poolwire_pipeline_{docs}_poolwire"))
         assert (await js.stream_info(out)).state.messages == 2
         assert counted_since(worker, before) == (3, 3.0)
         last = errors_counted(worker)[1]
@@ -111,7 +104,7 @@ async def test_a_pipeline_error_too_big_for_max_payload_is_shortened_and_stored(
                 before = errors_counted(worker)
                 await js.publish(f"{root}.in.big", document)
                 msg = await results.next_msg(timeout=20)
-                await wait_for(settled(js, docs, f"poolwire_pipeline_{docs}_poolwire"))
+                await poll_until(settled(js, docs, f"poolwire_pipeline_{docs}_poolwire"))
                 counted = counted_since(worker, before)
             result = msgpack.unpackb(msg.data)
             assert len(msg.data) + header_bytes(msg.headers) <= nc.max_payload
