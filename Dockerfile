@@ -27,6 +27,7 @@ RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))
 COPY poolwire ./poolwire
 COPY actors ./actors
 COPY kernels ./kernels
+COPY models ./models
 COPY schemas ./schemas
 RUN pip install --no-deps . \
     && useradd --create-home --uid 10001 poolwire \

@@ -26,7 +26,8 @@ from typing import Sequence
 
 import torch
 
-from poolwire.actors.precision import PrecisionPlan, autocast
+from poolwire.models.backend import Backend
+from poolwire.models.task_heads import Forward
 
 # (sequences, tokens each): padded sizes from 16 to 512 tokens, small enough to take about
 # 0.3 s in all on a 2-core CPU (all-MiniLM-L6-v2) and long enough that the per-token term shows.
@@ -77,13 +78,14 @@ def fit_batch_cost(samples: Sequence[tuple[int, float]]) -> BatchCost:
     return BatchCost(fixed_s=max(fixed, 0.0), per_token_s=max(slope, 0.0))
 
 
-def measure_batch_cost(model, precision: PrecisionPlan, shapes=CALIBRATION_SHAPES,
+def measure_batch_cost(backend: Backend, shapes=CALIBRATION_SHAPES,
                        repeats: int = CALIBRATION_REPEATS) -> BatchCost:
     """Time the model's encoder on dummy batches of each shape (after one pass to warm it up,
     which also spares the first real request the one-off set-up costs) and fit the line.
     Lengths are capped at the model's maximum length."""
+    model = backend.model
     vocab = max(2, min(len(model.tokenizer), getattr(model.module.config, "vocab_size", 2)))
-    device = model.device
+    device = backend.device
 
     def one_pass(batch: int, length: int) -> float:
         ids = (torch.arange(batch * length, dtype=torch.long) % (vocab - 1) + 1).view(batch, length)
@@ -91,8 +93,7 @@ def measure_batch_cost(model, precision: PrecisionPlan, shapes=CALIBRATION_SHAPE
         types = torch.zeros_like(ids)
         ids, mask, types = (t.to(device) for t in (ids, mask, types))
         started = time.perf_counter()
-        with torch.inference_mode(), autocast(precision):
-            model.encoder_hidden(ids, mask, types)
+        backend.run(Forward.HIDDEN, ids, mask, types)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # CUDA runs asynchronously: wait for the work itself
         return time.perf_counter() - started
@@ -104,10 +105,11 @@ def measure_batch_cost(model, precision: PrecisionPlan, shapes=CALIBRATION_SHAPE
     return fit_batch_cost(samples)
 
 
-def batch_cost_of(model, precision: PrecisionPlan) -> BatchCost:
-    """measure_batch_cost once per model and precision in this process (workers that share a
-    loaded model, as tests do, share its measurement)."""
-    cost = model.batch_costs.get(precision)
+def batch_cost_of(backend: Backend) -> BatchCost:
+    """measure_batch_cost once per model, backend and precision in this process (workers that
+    share a loaded model, as tests do, share its measurement)."""
+    key = (backend.name, backend.precision)
+    cost = backend.model.batch_costs.get(key)
     if cost is None:
-        cost = model.batch_costs[precision] = measure_batch_cost(model, precision)
+        cost = backend.model.batch_costs[key] = measure_batch_cost(backend)
     return cost

@@ -12,18 +12,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from poolwire.actors.batch_planner import BatchPlanner, QueuedItem
-from poolwire.actors.forward import run_batch
+from poolwire.models.backend import Backend, TorchBackend
+from poolwire.models.forward import run_batch
 from poolwire.actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
 from poolwire.actors.messages import Job
 from poolwire.actors.metrics import WorkerMetrics
-from poolwire.actors.model import LoadedModel
-from poolwire.actors.precision import EXACT, PrecisionPlan
+from poolwire.models.model import LoadedModel
 from poolwire.actors.replier import Replier
 from poolwire.actors.reply_size import check_reply_fits, reply_room
 from poolwire.actors.runtime import Actor
 from poolwire.actors.stats import StageStats
-from poolwire.actors.task_heads import TaskPlan, cosine_items, plan_task
-from poolwire.actors.tokenizing import Tokenizing
+from poolwire.models.task_heads import TaskPlan, cosine_items, plan_task
+from poolwire.models.tokenizing import Tokenizing
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
 
@@ -64,9 +64,11 @@ class EngineActor(Actor):
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
                  mailbox_size: int = 4096, metrics: WorkerMetrics | None = None,
-                 precision: PrecisionPlan = EXACT) -> None:
+                 backend: Backend | None = None) -> None:
         super().__init__(mailbox_size)
-        self.precision = precision
+        # How the model is computed is the backend's business (models/backend.py); the engine
+        # only plans batches and hands them over.
+        self.backend = backend or TorchBackend(model)
         self.stats = stats or StageStats()
         self._metrics = metrics
         self._publish_event = publish_event  # async callable(DeprecationEvent), or None
@@ -172,8 +174,8 @@ class EngineActor(Actor):
                 seqs.append(flight.plan.sequences[i])
                 specs.append(flight.plan.spec)
             self._in_forward += 1
-            future = loop.run_in_executor(self._forward_thread, run_batch, self.model, seqs, specs,
-                                          self.precision)
+            future = loop.run_in_executor(self._forward_thread, run_batch, self.backend, seqs,
+                                          specs)
             previous = self._last_delivery
             self._last_delivery = asyncio.create_task(
                 self._complete(batch, seqs, future, previous), name="poolwire-deliver")

@@ -7,12 +7,12 @@ import logging
 from dataclasses import dataclass, replace
 
 from poolwire.actors.messages import Incoming, Job
-from poolwire.actors.model_fields import ModelFacts, check_model_fields
+from poolwire.models.model_fields import ModelFacts, check_model_fields
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Actor, MailboxFull
 from poolwire.actors.stats import StageStats
 from poolwire.actors.task_policy import TaskPolicy, Verdict
-from poolwire.actors.tokenizing import check_truncation
+from poolwire.models.tokenizing import check_truncation
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.events import DeprecationEvent, utc_now_rfc3339
 from poolwire.schemas.requests import PoolingRequest, parse_request

@@ -20,9 +20,10 @@ from poolwire.actors.durable_intakes import pipeline_spec, start_intakes
 from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.metrics import QueueGauges, WorkerMetrics
-from poolwire.actors.model import LoadedModel
-from poolwire.actors.precision import precision_for
-from poolwire.actors.model_fields import ModelFacts
+from poolwire.models.model import LoadedModel
+from poolwire.models.backend import TorchBackend
+from poolwire.models.precision import precision_for
+from poolwire.models.model_fields import ModelFacts
 from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone_or_alike
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
@@ -53,12 +54,13 @@ class Worker:
         self.model = model
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
         self.precision = precision_for(settings.precision, model.device, settings.dtype)
+        self.backend = TorchBackend(model, self.precision)
         # The planner's padding budget: a number, or from this device's and precision's measured
         # forward-pass cost (actors/batch_cost.py; measuring also warms the model up).
         self.batch_cost: BatchCost | None = None
         budget = budget_rule(settings.max_added_padding, model.device.type)
         if budget == AUTO:
-            self.batch_cost = batch_cost_of(model, self.precision)
+            self.batch_cost = batch_cost_of(self.backend)
             budget = self.batch_cost.padding_budget(settings.max_batch_tokens)
         self.max_added_padding: int = budget
         self.pipeline = pipeline_spec(settings, self.policy) if settings.pipeline_stream else None
@@ -109,7 +111,7 @@ class Worker:
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms, max_added_padding=self.max_added_padding,
             max_queued_tokens=s.max_queued_tokens), self.events,
-            self.stats, metrics=self.metrics, precision=self.precision)
+            self.stats, metrics=self.metrics, backend=self.backend)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length,
                                      self.model.embedding_size, ModelFacts.of(self.model)),
@@ -141,7 +143,7 @@ class Worker:
         log.info("serving %s (revision %s, task %s, supported %s, multitask %s, %s; %s) on %s.* "
                  "queue %s", self.model.name, self.model.revision, self.policy.configured,
                  ", ".join(t.value for t in self.policy.supported), s.multitask,
-                 self.precision.describe(), self._describe_batching(), s.prefix, s.queue)
+                 self.backend.describe(), self._describe_batching(), s.prefix, s.queue)
 
     async def _refuse_mixed_queue(self) -> None:
         """Before taking any request: one model and task per prefix and queue group."""
@@ -186,7 +188,8 @@ class Worker:
                 "embedding_size": str(model.embedding_size), "max_length": str(model.max_length),
                 "model_revision": model.revision,
                 "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
-                "precision": self.precision.served}  # "exact" or "fast", as served
+                "precision": self.precision.served,  # "exact" or "fast", as served
+                "backend": self.backend.name}
 
     def _start_metrics(self) -> None:
         engine = self.engine

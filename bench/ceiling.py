@@ -78,7 +78,7 @@ def encode_gflops(texts: list[str], device: str, batch_size: int) -> tuple[float
     """(useful GFLOP/s, texts/s, real tokens) of in-process Sentence-Transformers encode."""
     from sentence_transformers import SentenceTransformer
 
-    from poolwire.actors.model import bundled_model_dir
+    from poolwire.models.model import bundled_model_dir
 
     model = SentenceTransformer(str(bundled_model_dir()), device=device)
     shape = EncoderShape.of(model[0].auto_model.config)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoConfig
 
     from bench.workload import mixed_texts
-    from poolwire.actors.model import bundled_model_dir
+    from poolwire.models.model import bundled_model_dir
 
     shape = EncoderShape.of(AutoConfig.from_pretrained(bundled_model_dir()))
     texts = mixed_texts(args.texts)

@@ -29,7 +29,7 @@ def build_classifier(dest: Path) -> Path:
     import transformers
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from poolwire.actors.model import bundled_model_dir, read_sentence_transformers_config
+    from poolwire.models.model import bundled_model_dir, read_sentence_transformers_config
 
     encoder_dir = bundled_model_dir()
     dest = Path(dest)

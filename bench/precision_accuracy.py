@@ -35,11 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     from bench.classifier import build_classifier, classifier_logits, load_classifier
     from bench.precision_modes import accuracy_cells, classify_accuracy, embed_accuracy
     from bench.workload import mixed_texts
-    from poolwire.actors.forward import run_batch
-    from poolwire.actors.model import bundled_model_dir, load_model
-    from poolwire.actors.precision import EXACT, choose_precision
-    from poolwire.actors.task_heads import Forward, PoolSpec
-    from poolwire.actors.tokenizing import Tokenizing
+    from poolwire.models.backend import TorchBackend
+    from poolwire.models.forward import run_batch
+    from poolwire.models.model import bundled_model_dir, load_model
+    from poolwire.models.precision import EXACT, choose_precision
+    from poolwire.models.task_heads import Forward, PoolSpec
+    from poolwire.models.tokenizing import Tokenizing
 
     texts = mixed_texts(args.texts, seed=args.seed)
     tmp = tempfile.TemporaryDirectory(prefix="poolwire-precision-")
@@ -64,11 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             model = load_model(folder, dtype=dtype)
             seqs = Tokenizing(model.tokenizer, model.max_length).texts(texts, -1, "right")
             spec = spec_of(model)
+            backend = TorchBackend(model, plan)
             order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
             got = np.zeros_like(references[task])
             for start in range(0, len(order), args.batch_size):
                 rows = order[start:start + args.batch_size]
-                out = run_batch(model, [seqs[i] for i in rows], [spec] * len(rows), plan).outputs
+                out = run_batch(backend, [seqs[i] for i in rows], [spec] * len(rows)).outputs
                 got[rows] = np.stack(out)
             accuracy.update(compare(references[task], got))
             del model

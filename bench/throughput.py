@@ -508,7 +508,7 @@ def _inprocess_child(args: argparse.Namespace) -> int:
     else:
         from sentence_transformers import SentenceTransformer
 
-        from poolwire.actors.model import bundled_model_dir
+        from poolwire.models.model import bundled_model_dir
 
         module = SentenceTransformer(str(args.model or bundled_model_dir()), device=args.device)
         name = "in-process encode"
@@ -967,7 +967,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> Report:
     from transformers import AutoTokenizer
 
-    from poolwire.actors.model import bundled_model_dir, max_model_length, read_sentence_transformers_config
+    from poolwire.models.model import bundled_model_dir, max_model_length, read_sentence_transformers_config
     from poolwire.actors.nats_server import NatsServer
     from bench.precision_modes import DEFAULT_MODES, parse_modes
     from bench.workload import mixed_texts

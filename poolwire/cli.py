@@ -100,7 +100,7 @@ def _operator_parsers(sub) -> None:
 
 async def serve(settings: WorkerSettings) -> int:
     from poolwire import kernels
-    from poolwire.actors.model import bundled_model_dir, load_model
+    from poolwire.models.model import bundled_model_dir, load_model
     from poolwire.actors.nats_server import NatsServer
     from poolwire.actors.queue_guard import QueueConflictError
     from poolwire.actors.task_policy import TaskConfigError
@@ -170,7 +170,7 @@ async def serve(settings: WorkerSettings) -> int:
               f"poolwire: configured task {policy.configured}; supported tasks "
               f"{', '.join(t.value for t in policy.supported)}; multitask {policy.multitask}\n"
               f"poolwire: pooling kernels: {kernels.describe_backend(model.device)}\n"
-              f"poolwire: {worker.precision.describe()}\n"
+              f"poolwire: {worker.backend.describe()}\n"
               f"poolwire: try  {try_hint(policy.configured.value, settings.prefix, redact_url(url))}\n"
               f"poolwire: health  poolwire health --health-file {health_file}\n"
               f"poolwire: Ctrl-C drains in-flight requests and stops", flush=True)

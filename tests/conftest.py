@@ -17,7 +17,7 @@ import nats  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from poolwire.actors.model import bundled_model_dir, load_model  # noqa: E402
+from poolwire.models.model import bundled_model_dir, load_model  # noqa: E402
 from poolwire.actors.nats_server import NatsServer  # noqa: E402
 from poolwire.settings import WorkerSettings  # noqa: E402
 from poolwire.actors.worker import Worker  # noqa: E402

@@ -8,7 +8,8 @@ import pytest
 
 from poolwire.actors.batch_cost import (AUTO, CPU_BUDGET, MIN_BUDGET, BatchCost, batch_cost_of,
                                         budget_rule, fit_batch_cost, measure_batch_cost)
-from poolwire.actors.precision import EXACT, choose_precision
+from poolwire.models.backend import TorchBackend
+from poolwire.models.precision import EXACT, choose_precision
 
 
 def test_fit_recovers_a_line():
@@ -57,7 +58,7 @@ def test_budget_is_the_padding_that_costs_one_pass(fixed_ms, per_token_ms, limit
 
 
 def test_measured_on_minilm(minilm):
-    cost = measure_batch_cost(minilm, EXACT, repeats=1)
+    cost = measure_batch_cost(TorchBackend(minilm, EXACT), repeats=1)
     # Real passes take time and the largest shape takes longer than the smallest; the budget
     # is a whole number of tokens within its bounds.
     assert cost.fixed_s > 0 or cost.per_token_s > 0
@@ -69,15 +70,15 @@ def test_measured_on_minilm(minilm):
 def test_lengths_are_capped_at_the_model_maximum(small_models):
     model = small_models["seq3"]
     long_shapes = ((1, model.max_length * 4), (2, model.max_length * 4), (1, 2))
-    cost = measure_batch_cost(model, EXACT, shapes=long_shapes, repeats=1)  # would fail past the max
+    cost = measure_batch_cost(TorchBackend(model, EXACT), shapes=long_shapes, repeats=1)  # would fail past the max
     assert cost.per_token_s >= 0
 
 
 def test_one_measurement_per_model_and_precision(minilm):
-    first = batch_cost_of(minilm, EXACT)
-    assert batch_cost_of(minilm, EXACT) is first
+    first = batch_cost_of(TorchBackend(minilm, EXACT))
+    assert batch_cost_of(TorchBackend(minilm, EXACT)) is first
     fast = choose_precision("fast", "cpu", "float32", cpu_has_bf16=True)
-    assert batch_cost_of(minilm, fast) is not first  # measured again under autocast
+    assert batch_cost_of(TorchBackend(minilm, fast)) is not first  # measured again under autocast
 
 
 @pytest.mark.parametrize("requested, device, rule", [
@@ -102,7 +103,7 @@ async def test_a_cpu_worker_keeps_the_default_budget_without_measuring(minilm, s
 
 async def test_auto_measures_the_budget_and_stats_say_so(minilm, start_worker, nc):
     async with start_worker(minilm, max_added_padding="auto") as worker:
-        measured = batch_cost_of(minilm, worker.precision)
+        measured = batch_cost_of(worker.backend)
         assert worker.batch_cost is measured
         assert worker.max_added_padding == measured.padding_budget(worker.settings.max_batch_tokens)
         assert worker.engine._planner.max_added_padding == worker.max_added_padding

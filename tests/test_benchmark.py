@@ -13,7 +13,7 @@ import numpy as np
 
 from bench.precision_modes import accuracy_cells, classify_accuracy, embed_accuracy, parse_modes
 from bench.throughput import Report, Row, Setup, parse_configs, percentile
-from poolwire.actors.precision import cpu_has_bf16
+from poolwire.models.precision import cpu_has_bf16
 
 COLUMNS = ("| setup | mode | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process "
            "| min cos vs fp32 | mean cos vs fp32 | max abs diff vs fp32 |")

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoConfig
 
 from bench.ceiling import EncoderShape, main
-from poolwire.actors.model import bundled_model_dir
+from poolwire.models.model import bundled_model_dir
 
 
 def test_flops_of_minilm_by_hand():

@@ -17,11 +17,11 @@ async def test_a_failing_forward_pass_answers_its_batch_with_internal(minilm, st
     real = poolwire.actors.engine.run_batch
     calls = []
 
-    def flaky(model, seqs, specs, *precision):
+    def flaky(backend, seqs, specs):
         calls.append(len(seqs))
         if len(calls) == 1:
             raise RuntimeError("simulated device fault")
-        return real(model, seqs, specs, *precision)
+        return real(backend, seqs, specs)
 
     monkeypatch.setattr(poolwire.actors.engine, "run_batch", flaky)
     async with start_worker(minilm):

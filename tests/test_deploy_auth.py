@@ -76,10 +76,10 @@ async def test_durable_jobs_under_the_deployment_nkeys(minilm, tmp_path, monkeyp
     letter."""
     real = poolwire.actors.engine.run_batch
 
-    def failing_on_poison(model, seqs, specs, *precision):
+    def failing_on_poison(backend, seqs, specs):
         if any(list(seq.ids) == poison_ids for seq in seqs):
             raise RuntimeError("simulated device fault on this input")
-        return real(model, seqs, specs, *precision)
+        return real(backend, seqs, specs)
 
     poison_ids = minilm.tokenizer("poisonous xylophone")["input_ids"]
     monkeypatch.setattr(poolwire.actors.engine, "run_batch", failing_on_poison)

@@ -19,7 +19,7 @@ COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
 WORKERS = {name: svc for name, svc in SERVICES.items() if name != "nats"}
 DOCKERFILES = ("Dockerfile", "Dockerfile.gpu")
-PACKAGES = ("poolwire", "actors", "kernels", "schemas")
+PACKAGES = ("poolwire", "actors", "kernels", "models", "schemas")
 
 
 def parse(argv: list[str]):
@@ -85,7 +85,7 @@ def test_the_gpu_worker_asks_for_a_gpu_and_uses_it():
 def test_the_custom_model_example_mounts_the_folder_it_serves_read_only():
     svc = WORKERS["worker-custom"]
     host, target, mode = svc["volumes"][0].split(":")
-    assert mode == "ro" and host.startswith("./models/")
+    assert mode == "ro" and host.startswith("./model-folders/")
     assert svc["command"][svc["command"].index("--model") + 1] == target
 
 
@@ -93,7 +93,7 @@ def test_the_custom_model_example_mounts_the_folder_it_serves_read_only():
 def test_dockerfiles_install_dependencies_before_the_source_and_run_as_a_user(name):
     lines = [line.strip() for line in (ROOT / name).read_text().splitlines()]
     deps = next(i for i, line in enumerate(lines) if "pip install -r /tmp/requirements.txt" in line)
-    copies = [i for i, line in enumerate(lines) if re.match(r"COPY (poolwire|actors|kernels|schemas) ", line)]
+    copies = [i for i, line in enumerate(lines) if re.match(r"COPY (poolwire|actors|kernels|models|schemas) ", line)]
     assert [lines[i].split()[1] for i in copies] == list(PACKAGES)
     assert deps < min(copies)  # a code change does not reinstall torch
     assert any(line.startswith("USER ") and "root" not in line for line in lines)

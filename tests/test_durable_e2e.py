@@ -109,11 +109,11 @@ async def test_a_poison_job_is_dead_lettered_after_the_stated_deliveries(minilm,
     real = poolwire.actors.engine.run_batch
     poison_runs = []
 
-    def failing_on_poison(model, seqs, specs, *precision):
+    def failing_on_poison(backend, seqs, specs):
         if any(list(seq.ids) == poison_ids for seq in seqs):
             poison_runs.append(len(seqs))
             raise RuntimeError("simulated device fault on this input")
-        return real(model, seqs, specs, *precision)
+        return real(backend, seqs, specs)
 
     monkeypatch.setattr(poolwire.actors.engine, "run_batch", failing_on_poison)
     async with start_worker(minilm, durable_max_deliveries=3, **DURABLE) as worker:
@@ -182,9 +182,9 @@ async def test_work_longer_than_ack_wait_is_kept_by_in_progress_acks(minilm, sta
     job would be delivered again and answered twice."""
     real = poolwire.actors.engine.run_batch
 
-    def slow(model, seqs, specs, *precision):
+    def slow(backend, seqs, specs):
         time.sleep(2.5 * DURABLE["durable_ack_wait_s"])  # the forward thread, not the test, waits
-        return real(model, seqs, specs, *precision)
+        return real(backend, seqs, specs)
 
     monkeypatch.setattr(poolwire.actors.engine, "run_batch", slow)
     async with start_worker(minilm, **DURABLE) as worker:

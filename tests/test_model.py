@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from poolwire.client import PoolingClient
-from poolwire.actors.model import (load_model, max_model_length, read_sentence_transformers_config,
+from poolwire.models.model import (load_model, max_model_length, read_sentence_transformers_config,
                           resolve_device)
 
 
@@ -53,14 +53,14 @@ def test_devices_and_dtypes_are_checked():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             resolve_device("cuda")
-    from poolwire.actors.model import bundled_model_dir
+    from poolwire.models.model import bundled_model_dir
 
     with pytest.raises(ValueError, match="float8"):
         load_model(bundled_model_dir(), dtype="float8")
 
 
 async def test_a_bfloat16_model_serves_embeddings_close_to_float32(minilm, start_worker, nc, prefix):
-    from poolwire.actors.model import bundled_model_dir
+    from poolwire.models.model import bundled_model_dir
 
     half = load_model(bundled_model_dir(), device="cpu", dtype="bfloat16")
     texts = ["a short sentence", "another, somewhat longer sentence about the weather today"]

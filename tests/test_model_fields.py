@@ -1,9 +1,9 @@
-"""Request fields checked against the model and each other (actors/model_fields.py), and the
+"""Request fields checked against the model and each other (models/model_fields.py), and the
 prompt a request's texts get."""
 
 import pytest
 
-from poolwire.actors.model_fields import ModelFacts, check_model_fields, prompt_for
+from poolwire.models.model_fields import ModelFacts, check_model_fields, prompt_for
 from poolwire.schemas.errors import PoolingError
 from poolwire.schemas.requests import parse_request
 from poolwire.schemas.tasks import Task
@@ -58,8 +58,8 @@ def test_the_prompt_a_request_gets():
 def test_tokens_and_offsets_of_text_prompt_and_token_id_input(minilm):
     """return_tokens: spans are in the input text (a prompt's own tokens have none), and
     token-id input has tokens but no spans; a left cut keeps the spans of what is left."""
-    from poolwire.actors.task_heads import plan_task
-    from poolwire.actors.tokenizing import Tokenizing
+    from poolwire.models.task_heads import plan_task
+    from poolwire.models.tokenizing import Tokenizing
 
     tok = Tokenizing(minilm.tokenizer, minilm.max_length)
     text = "Angela Merkel visited Paris"

@@ -342,7 +342,7 @@ def _hub_cache(root, repo_id: str, folder, commit: str):
 
 async def test_a_hub_id_resolves_through_the_cache_and_shows_its_revision(
         zoo_dirs, tmp_path, monkeypatch, start_worker, nc, prefix):
-    from poolwire.actors.model import load_model
+    from poolwire.models.model import load_model
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     _hub_cache(tmp_path, "zoo-org/cls-prompts", zoo_dirs["st_cls_prompts"], commit)

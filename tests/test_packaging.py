@@ -47,21 +47,21 @@ def test_the_wheel_installs_only_poolwire_beside_hugging_faces_kernels(tmp_path)
 
     check = textwrap.dedent(f"""
         import importlib.metadata, importlib.util, sys
-        import kernels, poolwire, poolwire.kernels, poolwire.actors.engine, poolwire.schemas.codec
+        import kernels, poolwire, poolwire.kernels, poolwire.actors.engine, poolwire.models.forward, poolwire.schemas.codec
         assert kernels.__file__.startswith({purelib!r}), kernels.__file__
         assert not hasattr(kernels, "seq_pool"), "kernels is poolwire's, not Hugging Face's"
         assert callable(poolwire.kernels.seq_pool) and poolwire.PoolingClient
         files = importlib.metadata.distribution("poolwire").files
         tops = {{f.parts[0] for f in files}}
         assert tops <= {{"poolwire", "poolwire-{wheel.name.split('-')[1]}.dist-info", "..", "bin"}}, tops
-        for name in ("actors", "schemas"):
+        for name in ("actors", "models", "schemas"):
             assert importlib.util.find_spec(name) is None, name
         print("ok")
     """)
     assert run(python, "-c", check, cwd=tmp_path).stdout.strip() == "ok"
     # Removing Hugging Face's package leaves poolwire whole.
     run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "kernels")
-    run(python, "-c", "import poolwire.kernels, poolwire.actors.forward", cwd=tmp_path)
+    run(python, "-c", "import poolwire.kernels, poolwire.models.forward", cwd=tmp_path)
 
 
 # Runs `poolwire serve` with the triton module unimportable, as on a machine without its wheels.

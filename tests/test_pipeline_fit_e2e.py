@@ -173,10 +173,10 @@ async def test_a_poison_document_near_max_payload_is_dead_lettered_once(
     poison_ids = minilm.tokenizer("poisonous xylophone")["input_ids"]
     real = poolwire.actors.engine.run_batch
 
-    def failing_on_poison(model, seqs, specs, *precision):
+    def failing_on_poison(backend, seqs, specs):
         if any(list(seq.ids) == poison_ids for seq in seqs):
             raise RuntimeError("simulated device fault on this input")
-        return real(model, seqs, specs, *precision)
+        return real(backend, seqs, specs)
 
     monkeypatch.setattr(poolwire.actors.engine, "run_batch", failing_on_poison)
     with NatsServer(max_payload=3 * 1024) as server:

@@ -4,7 +4,7 @@ and CPU; and the autocast context the forward pass runs in."""
 import pytest
 import torch
 
-from poolwire.actors.precision import EXACT, autocast, choose_precision, cpu_has_bf16, precision_for
+from poolwire.models.precision import EXACT, autocast, choose_precision, cpu_has_bf16, precision_for
 from poolwire.settings import WorkerSettings
 
 

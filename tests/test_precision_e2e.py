@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from poolwire.actors import precision
-from poolwire.actors.model import ModelKind, bundled_model_dir, load_model
+from poolwire.models import precision
+from poolwire.models.model import ModelKind, bundled_model_dir, load_model
 from poolwire.client import PoolingClient
 
 pytestmark = pytest.mark.timeout(300)

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from poolwire.actors.model import activation_for, default_pooling
-from poolwire.actors.st_folder import SentenceTransformersConfig, read_sentence_transformers_config
+from poolwire.models.model import activation_for, default_pooling
+from poolwire.models.st_folder import SentenceTransformersConfig, read_sentence_transformers_config
 
 
 def _folder(tmp_path, pooling: dict, extra_modules=(), **files):
@@ -103,7 +103,7 @@ def test_pooling_without_a_pooling_module_follows_the_architecture():
 
 
 def test_model_values_that_are_neither_folder_nor_hub_id_say_how_models_load(tmp_path):
-    from poolwire.actors.model_source import resolve_model_source
+    from poolwire.models.model_source import resolve_model_source
 
     with pytest.raises(ValueError, match="no config.json"):
         resolve_model_source(tmp_path)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from poolwire.actors.model import LoadedModel, ModelKind
-from poolwire.actors.model_fields import prompt_for
-from poolwire.actors.tokenizing import Tokenizing, TokenSeq, normalise_input
+from poolwire.models.model import LoadedModel, ModelKind
+from poolwire.models.model_fields import prompt_for
+from poolwire.models.tokenizing import Tokenizing, TokenSeq, normalise_input
 from poolwire.schemas.errors import invalid
 from poolwire.schemas.requests import PoolingRequest
 from poolwire.schemas.tasks import Task

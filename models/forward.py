@@ -1,5 +1,6 @@
-"""The tensor work of one micro-batch, run in the engine's forward thread: pad, run the model,
-pool through `kernels`, and hand back one float32 array per sequence. No asyncio here."""
+"""The tensor work of one micro-batch, run in the engine's forward thread: pad, have the backend
+run the model, pool through `kernels`, and hand back one float32 array per sequence. What
+follows the backend is the same for every backend. No asyncio here."""
 
 import time
 from collections import defaultdict
@@ -9,10 +10,10 @@ import numpy as np
 import torch
 
 from poolwire import kernels
-from poolwire.actors.model import LoadedModel
-from poolwire.actors.precision import EXACT, PrecisionPlan, autocast
-from poolwire.actors.task_heads import Forward, PoolSpec
-from poolwire.actors.tokenizing import TokenSeq
+from poolwire.models.backend import Backend
+from poolwire.models.model import LoadedModel
+from poolwire.models.task_heads import Forward, PoolSpec
+from poolwire.models.tokenizing import TokenSeq
 
 
 def pad_batch(seqs: list[TokenSeq], pad_id: int):
@@ -40,25 +41,20 @@ class BatchResult:
     pool_s: float               # pooling kernels and the copy out
 
 
-def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec],
-              precision: PrecisionPlan = EXACT) -> BatchResult:
-    """Pad, run the model once (under the precision's autocast), pool every sequence as its
-    spec says (the pooling kernels accumulate in float32 whatever the hidden states' dtype)."""
+def run_batch(backend: Backend, seqs: list[TokenSeq], specs: list[PoolSpec]) -> BatchResult:
+    """Pad, have the backend run the model once, pool every sequence as its spec says (the
+    pooling kernels accumulate in float32 whatever the outputs' dtype)."""
     forward = specs[0].forward
     if any(s.forward != forward for s in specs):
         raise ValueError("a micro-batch must need one kind of forward pass")
+    model = backend.model
     started = time.perf_counter()
     pad_id = model.tokenizer.pad_token_id or 0
-    ids, mask, types, lengths = (t.to(model.device, non_blocking=True)
+    ids, mask, types, lengths = (t.to(backend.device, non_blocking=True)
                                  for t in pad_batch(seqs, pad_id))
-    with torch.inference_mode(), autocast(precision):
-        if forward == Forward.HIDDEN:
-            out = model.encoder_hidden(ids, mask, types)         # [B, T, H]
-        elif forward == Forward.SEQ_LOGITS:
-            out = model.head_logits(ids, mask, types)            # [B, labels]
-        else:
-            out = model.token_logits(ids, mask, types)          # [B, T, labels]
-        forwarded = time.perf_counter()
+    out = backend.run(forward, ids, mask, types)
+    forwarded = time.perf_counter()
+    with torch.inference_mode():
         results: list[np.ndarray | None] = [None] * len(seqs)
         groups: dict[PoolSpec, list[int]] = defaultdict(list)
         for row, spec in enumerate(specs):
@@ -67,7 +63,7 @@ def run_batch(model: LoadedModel, seqs: list[TokenSeq], specs: list[PoolSpec],
             if len(rows) == len(seqs):  # one spec for the whole batch: no gather needed
                 part, part_len = out, lengths
             else:
-                index = torch.tensor(rows)
+                index = torch.tensor(rows, device=out.device)
                 part, part_len = out.index_select(0, index), lengths.index_select(0, index)
             for row, value in zip(rows, _pool(model, spec, part, part_len)):
                 results[row] = value

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from poolwire.actors.model_source import LOCAL_REVISION, resolve_model_source
-from poolwire.actors.per_token_head import TokenHead, per_token_head
-from poolwire.actors.st_folder import (SentenceTransformersConfig,  # noqa: F401 (re-exported)
+from poolwire.models.model_source import LOCAL_REVISION, resolve_model_source
+from poolwire.models.per_token_head import TokenHead, per_token_head
+from poolwire.models.st_folder import (SentenceTransformersConfig,  # noqa: F401 (re-exported)
                                        read_sentence_transformers_config)
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class LoadedModel:
     @functools.cached_property
     def entity_grouper(self):
         """Built on the first request that asks for entities (most deployments never do)."""
-        from poolwire.actors.entities import EntityGrouper
+        from poolwire.models.entities import EntityGrouper
 
         return EntityGrouper(self.module, self.tokenizer)
 

@@ -5,7 +5,7 @@ of its rules."""
 
 import numpy as np
 
-from poolwire.actors.tokenizing import TokenSeq
+from poolwire.models.tokenizing import TokenSeq
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

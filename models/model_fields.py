@@ -23,7 +23,7 @@ class ModelFacts:
 
     @classmethod
     def of(cls, model) -> "ModelFacts":
-        from poolwire.actors.task_heads import score_uses_cross_encoder
+        from poolwire.models.task_heads import score_uses_cross_encoder
 
         return cls(model.name, model.embedding_size, dict(model.prompts),
                    model.matryoshka_dimensions, score_uses_cross_encoder(model))

@@ -1,0 +1,63 @@
+"""The one interface the engine calls for a padded batch (DESIGN.md, "Layout"): a backend owns
+its device, its threads, its precision and its compiled model, and returns the model's raw
+outputs for the batch. Everything after that (pooling kernels, Dense, truncation,
+normalisation, activations) is the same code for every backend (`forward.py`), so backends
+differ only in how fast they compute the transformer, never in what is done with it.
+
+Like text-embeddings-inference's `backends/core` (`embed(batch)`, `predict(batch)`), the engine
+plans batches and the backend only computes them, always from the engine's one forward thread.
+"""
+
+from typing import Protocol
+
+import torch
+
+from poolwire.models.model import LoadedModel
+from poolwire.models.precision import EXACT, PrecisionPlan, autocast
+from poolwire.models.task_heads import Forward
+
+
+class Backend(Protocol):
+    name: str                   # "torch", "openvino": discovery's `backend`, the start-up line
+    model: LoadedModel          # the loaded folder: tokenizer, heads, Dense, lengths
+    precision: PrecisionPlan    # what `--precision` resolved to on this backend
+
+    @property
+    def device(self) -> torch.device:
+        """Where run()'s outputs live; the pooling kernels run there."""
+
+    def run(self, forward: Forward, ids: torch.Tensor, mask: torch.Tensor,
+            types: torch.Tensor) -> torch.Tensor:
+        """The model's outputs for one right-padded batch ([B, T] ids, mask and segment ids):
+        HIDDEN [B, T, H] last hidden states, SEQ_LOGITS [B, labels], TOKEN_LOGITS
+        [B, T, labels]; any float dtype (pooling accumulates in float32)."""
+
+    def describe(self) -> str:
+        """One phrase for the start-up line: which backend, in which arithmetic."""
+
+
+class TorchBackend:
+    """Eager PyTorch on the model's own device, under the precision's autocast (`fast`)."""
+
+    name = "torch"
+
+    def __init__(self, model: LoadedModel, precision: PrecisionPlan = EXACT) -> None:
+        self.model = model
+        self.precision = precision
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def run(self, forward: Forward, ids: torch.Tensor, mask: torch.Tensor,
+            types: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        with torch.inference_mode(), autocast(self.precision):
+            if forward == Forward.HIDDEN:
+                return model.encoder_hidden(ids, mask, types)     # [B, T, H]
+            if forward == Forward.SEQ_LOGITS:
+                return model.head_logits(ids, mask, types)        # [B, labels]
+            return model.token_logits(ids, mask, types)           # [B, T, labels]
+
+    def describe(self) -> str:
+        return f"backend torch, {self.precision.describe()}"
