@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from urllib.parse import urlparse
 from pathlib import Path
 
 import jsonschema
@@ -164,11 +165,14 @@ def test_the_durable_scaler_watches_the_names_the_durable_workers_create(monkeyp
     assert (meta["stream"], meta["consumer"]) == (names.stream, names.consumer)
     assert scaled["spec"]["minReplicaCount"] == 0
     # The endpoint is the chart's Service on the monitoring port the values open.
+    # The chart's headless Service (every server, by name) on the monitoring port the values
+    # open, in the namespace and release the workers' NATS_URL names (`helm install nats`).
     host, port = meta["natsServerMonitoringEndpoint"].rsplit(":", 1)
     assert int(port) == NATS_VALUES["config"]["monitor"]["port"]
-    assert NATS_VALUES["service"]["ports"]["monitor"]["enabled"] is True
-    assert host.split(".")[0] == "nats"  # `helm install nats ...` (kustomization.yaml)
-    assert settings.nats_url.startswith(f"nats://{host}:")
+    service, namespace_and_domain = host.split(".", 1)
+    nats_host = urlparse(settings.nats_url).hostname
+    assert service == nats_host.split(".")[0] + "-headless"
+    assert namespace_and_domain == nats_host.split(".", 1)[1]
 
 
 def test_the_request_scaler_queries_a_metric_the_workers_export():
