@@ -136,7 +136,8 @@ async def test_requests_stay_in_their_region_fail_over_to_the_other_and_come_bac
 @pytest.mark.timeout(120)
 async def test_a_jobs_stream_placed_in_one_region_is_consumed_from_the_other(regions, minilm, report):
     """The stream lives in cluster A (as a per-region design places it); a durable worker of
-    region B binds to it and answers jobs through the gateway."""
+    region B binds to it and answers jobs through the gateway. A region's own prefix gets a
+    stream of its own, in that region."""
     await formed(regions)
     prefix = "geo.jobs.pooling"
     names = durable_names(prefix, "geo")
@@ -157,6 +158,15 @@ async def test_a_jobs_stream_placed_in_one_region_is_consumed_from_the_other(reg
             assert stream.cluster.name == "A" and consumer.cluster.name == "A"
             assert stream.state.messages == 0 and consumer.num_ack_pending == 0
             assert worker.intakes[0].completed == 10
+        finally:
+            await worker.stop()
+        # One jobs stream per region: a region's own prefix, its stream created by its first
+        # durable worker, in the cluster that worker is connected to.
+        regional = "geo.b.pooling"
+        (worker,) = await start_workers(1, regions["B"], minilm, regional, durable=True)
+        try:
+            stream = await js.stream_info(durable_names(regional, "geo").stream)
+            assert stream.cluster.name == "B"
         finally:
             await worker.stop()
     report("jobs across the gateway", jobs=10, seconds=f"{took:.2f}")
