@@ -13,7 +13,11 @@ Rows (one nats-server, JetStream on a file store in a temporary folder):
   work-queue file stream, waiting for its PubAck), --concurrency in flight;
 - `consume job, fetch 64` / `fetch 1`: the stored jobs pulled by a durable pull consumer as
   poolwire's intake pulls them, each acked (acks awaited, like the intake's after a reply);
-- after the jobs are stored: the server's resident memory and the stream's bytes per job.
+- after the jobs are stored: the server's resident memory and the stream's bytes per job;
+- `--gateways` (default on): two one-server clusters joined by gateways (tests/gateways.py),
+  an echo responder in each in one queue group: a request's round trip served in its own
+  cluster and served across the gateway, and failover: the time from the local member's
+  unsubscribe (flushed) to the first reply from the other cluster, over --failovers tries.
 
 For each row: operations per second, and the server's own CPU time per operation (utime +
 stime from /proc/<pid>/stat around the row), which is what NATS costs a deployment whatever
@@ -57,6 +61,73 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+async def gateway_rows(requests: int, failovers: int, reply_bytes: int, payload: bytes) -> list[str]:
+    import statistics
+
+    import nats.errors
+
+    from tests.gateways import supercluster
+    from tests.test_gateways_e2e import formed
+
+    reply = b"r" * reply_bytes
+    with tempfile.TemporaryDirectory(prefix="poolwire-gw-") as tmp, supercluster(Path(tmp)) as servers:
+        await formed(servers)
+        here = await nats.connect(servers["A"].url)
+        there = await nats.connect(servers["B"].url)
+        client = await nats.connect(servers["A"].url)
+
+        def answer(conn):
+            async def cb(msg):
+                await conn.publish(msg.reply, reply)
+            return cb
+
+        await there.subscribe(SUBJECT, queue="cost", cb=answer(there))
+        await there.flush()
+
+        async def round_trips(n: int) -> list[float]:
+            took = []
+            for _ in range(n):
+                start = time.perf_counter()
+                await client.request(SUBJECT, payload, timeout=5)
+                took.append(time.perf_counter() - start)
+            return took
+
+        # Until B's queue interest has reached A (the gateways tell each other asynchronously).
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                await client.request(SUBJECT, payload, timeout=1)
+                break
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                if time.monotonic() > deadline:
+                    raise
+        remote = await round_trips(requests)                  # only B's member is up
+        local_sub = await here.subscribe(SUBJECT, queue="cost", cb=answer(here))
+        await here.flush()
+        local = await round_trips(requests)                   # A's member serves A
+        gaps, refused = [], 0
+        for _ in range(failovers):
+            await local_sub.unsubscribe()
+            await here.flush()
+            start = time.perf_counter()
+            while True:
+                try:
+                    await client.request(SUBJECT, payload, timeout=5)
+                    break
+                except nats.errors.NoRespondersError:
+                    refused += 1
+            gaps.append(time.perf_counter() - start)
+            local_sub = await here.subscribe(SUBJECT, queue="cost", cb=answer(here))
+            await here.flush()
+        for conn in (client, here, there):
+            await conn.close()
+    ms = lambda xs: f"{statistics.median(xs) * 1000:.2f}"  # noqa: E731
+    return [f"| request c1, served in its own cluster | {requests} | median {ms(local)} ms |",
+            f"| request c1, served across the gateway | {requests} | median {ms(remote)} ms |",
+            f"| failover: local member gone, first reply from the other cluster | {failovers} | "
+            f"median {ms(gaps)} ms, max {max(gaps) * 1000:.2f} ms, {refused} no-responders |"]
 
 
 def machine_load() -> float:
@@ -175,6 +246,12 @@ async def main(args) -> int:
     print(f"\nStored {stored['jobs']} jobs: {stored['bytes'] / max(1, stored['jobs']):.0f} "
           f"bytes each in the stream, server RSS {stored['rss']:.0f} MiB with them stored; "
           f"{left} left after consuming.")
+    if args.gateways:
+        lines = await gateway_rows(args.requests // 20, 20, args.reply_bytes, payload)
+        print("\nTwo clusters joined by gateways (one server each, loopback):\n")
+        print("| row | tries | figures |")
+        print("| --- | ---: | --- |")
+        print("\n".join(lines))
     return 0
 
 
@@ -193,6 +270,8 @@ if __name__ == "__main__":
     parser.add_argument("--request-bytes", type=int, default=200)
     parser.add_argument("--reply-bytes", type=int, default=2058)
     parser.add_argument("--quick", action="store_true", help="2,000 requests and jobs")
+    parser.add_argument("--gateways", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure a request across a gateway and failover (default on)")
     parser.add_argument("--responder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.responder:
