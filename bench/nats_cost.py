@@ -203,6 +203,8 @@ async def main(args) -> int:
                                              retention=RetentionPolicy.WORK_QUEUE,
                                              storage=StorageType.FILE, duplicate_window=120.0))
 
+            rss_before = rss_mib(pid)
+
             async def publish(i):
                 await js.publish(JOBS, payload, headers={"Nats-Msg-Id": f"job-{i}",
                                                          "Pooling-Reply-To": "_INBOX.cost.x"})
@@ -210,12 +212,15 @@ async def main(args) -> int:
             await rows.measure(f"publish job c{args.concurrency}", args.jobs,
                                lambda: in_flight(args.jobs, args.concurrency, publish))
             state = (await js.stream_info("COST_JOBS")).state
-            stored = {"jobs": state.messages, "bytes": state.bytes, "rss": rss_mib(pid)}
+            stored = {"jobs": state.messages, "bytes": state.bytes, "rss": rss_mib(pid),
+                      "rss_before": rss_before}
 
             await js.add_consumer("COST_JOBS", ConsumerConfig(
                 durable_name="poolwire_cost", ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
                 max_deliver=-1, filter_subject="cost.jobs.>", max_ack_pending=10000))
             psub = await js.pull_subscribe_bind(durable="poolwire_cost", stream="COST_JOBS")
+            # The consumer as the server holds it: the limits a deployment meets first.
+            limits = (await js.consumer_info("COST_JOBS", "poolwire_cost")).config
 
             async def consume(total: int, batch: int) -> float:
                 start = time.perf_counter()
@@ -243,9 +248,14 @@ async def main(args) -> int:
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, n, seconds, rate, cpu_us, load in rows.rows:
         print(f"| {name} | {n} | {seconds:.2f} | {rate:,.0f} | {cpu_us:.1f} | {load:.2f} |")
+    grew = (stored["rss"] - stored["rss_before"]) * 1024 * 1024 / max(1, stored["jobs"])
     print(f"\nStored {stored['jobs']} jobs: {stored['bytes'] / max(1, stored['jobs']):.0f} "
-          f"bytes each in the stream, server RSS {stored['rss']:.0f} MiB with them stored; "
-          f"{left} left after consuming.")
+          f"bytes each in the stream; server RSS {stored['rss_before']:.0f} -> "
+          f"{stored['rss']:.0f} MiB while they were published ({grew:.0f} bytes a job: the "
+          f"duplicate window's message ids and the store's cache); {left} left after consuming. "
+          f"The consumer as the server holds it (poolwire's settings): max_ack_pending "
+          f"{limits.max_ack_pending}, max_waiting (pull requests waiting at once) "
+          f"{limits.max_waiting}, ack_wait {limits.ack_wait} s.")
     if args.gateways:
         lines = await gateway_rows(args.requests // 20, 20, args.reply_bytes, payload)
         print("\nTwo clusters joined by gateways (one server each, loopback):\n")
