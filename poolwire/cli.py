@@ -1,4 +1,4 @@
-"""The `poolwire` command: serve, embed, classify, score, submit, events."""
+"""The `poolwire` command: serve, embed, classify, score, submit, events, stats, lag, health."""
 
 import argparse
 import asyncio
