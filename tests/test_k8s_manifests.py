@@ -9,6 +9,7 @@ published while no worker runs and falls to 0 once they are answered."""
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -71,6 +72,16 @@ def durable_trigger(scaled: dict) -> dict:
 
 
 # ---- offline: schemas ----
+
+def test_the_manifests_are_plain_yaml_without_anchors_or_octal():
+    """kubectl reads YAML 1.1 and kustomize 1.2: anchors, merge keys and leading-zero numbers
+    are where the two can disagree."""
+    for name in [*KUSTOMIZATION["resources"], "kustomization.yaml", "nats-values.yaml"]:
+        for line in (K8S / name).read_text().splitlines():
+            code = line.split("#", 1)[0]
+            assert "<<:" not in code and ": &" not in code and ": *" not in code, (name, line)
+            assert not re.search(r":\s+0\d+\s*$", code), (name, line)
+
 
 def test_the_kustomization_lists_every_manifest_in_the_folder():
     on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "nats-values.yaml"}
