@@ -15,7 +15,7 @@ import re
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
@@ -48,8 +48,7 @@ def consumer_name(*parts: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", "_".join(("poolwire",) + parts))
 
 
-@dataclass(frozen=True)
-class DurableNames:
+class DurableNames(NamedTuple):
     stream: str
     consumer: str
 
@@ -402,18 +401,17 @@ class DurableJobs(JetStreamIntake):
 
     async def bind(self) -> None:
         captures = f"{self.prefix}.jobs.>"
+        names = durable_names(self.prefix, self.queue)
         stream = await ensure_stream(self._js, captures, StreamConfig(
-            name=durable_names(self.prefix, self.queue).stream, subjects=[captures],
+            name=names.stream, subjects=[captures],
             retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
             duplicate_window=JOBS_DUPLICATE_WINDOW_S, num_replicas=self.replicas))
         await ensure_dead_stream(self._js, self.prefix, self.replicas)
         try:
-            await self._bind_consumer(stream, durable_names(self.prefix, self.queue).consumer,
-                                      captures)
+            await self._bind_consumer(stream, names.consumer, captures)
         except Exception as exc:
             raise RuntimeError(
-                f"could not create the durable consumer "
-                f"{durable_names(self.prefix, self.queue).consumer!r} on stream "
+                f"could not create the durable consumer {names.consumer!r} on stream "
                 f"{stream!r} ({exc}); a work-queue stream allows one consumer per subject, so "
                 f"every durable worker of prefix {self.prefix!r} must use the same --queue") from exc
         log.info("durable jobs: pulling %s from stream %s, consumer %s", captures, stream,

@@ -219,7 +219,14 @@ def test_the_chart_values_carry_deploy_nats_auth_and_nats_server_accepts_them(tm
     assert checked.returncode == 0, checked.stderr
 
 
-# ---- the lag as KEDA reads it (pure) ----
+# ---- the names and the lag as KEDA reads it (pure) ----
+
+def test_durable_names_are_what_the_readme_documents():
+    assert durable_names("pooling", "poolwire") == ("POOLWIRE_JOBS_POOLING", "poolwire_poolwire")
+    assert durable_names("pooling.classifier", "team a") == (
+        "POOLWIRE_JOBS_POOLING_CLASSIFIER", "poolwire_team_a")
+    assert durable_names("pooling", "poolwire", "DOCS") == ("DOCS", "poolwire_pipeline_DOCS_poolwire")
+
 
 def test_keda_lag_adds_pending_and_ack_pending_and_names_what_is_missing():
     jsz = {"account_details": [{"name": "$G", "stream_detail": [
