@@ -15,7 +15,7 @@ import re
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
@@ -46,6 +46,22 @@ def stream_name(kind: str, prefix: str) -> str:
 def consumer_name(*parts: str) -> str:
     """A durable name from free text: JetStream refuses `.`, `*`, `>` and white space in it."""
     return re.sub(r"[^A-Za-z0-9_-]", "_", "_".join(("poolwire",) + parts))
+
+
+class DurableNames(NamedTuple):
+    stream: str
+    consumer: str
+
+
+def durable_names(prefix: str, queue: str, pipeline_stream: str | None = None) -> DurableNames:
+    """The stream and durable consumer a worker of `prefix` and queue group `queue` pulls from:
+    what an autoscaler (KEDA's nats-jetstream trigger, deploy/k8s) and `poolwire lag` watch.
+    Durable jobs: the work-queue stream poolwire creates for P.jobs.> (an operator's stream
+    that already captures P.jobs.> is used instead, under its own name), one consumer per
+    queue group. A pipeline: the operator's stream, with a consumer per stream and queue."""
+    if pipeline_stream is not None:
+        return DurableNames(pipeline_stream, consumer_name("pipeline", pipeline_stream, queue))
+    return DurableNames(stream_name("JOBS", prefix), consumer_name(queue))
 
 
 def dead_subject(prefix: str, task: str) -> str:
@@ -385,16 +401,17 @@ class DurableJobs(JetStreamIntake):
 
     async def bind(self) -> None:
         captures = f"{self.prefix}.jobs.>"
+        names = durable_names(self.prefix, self.queue)
         stream = await ensure_stream(self._js, captures, StreamConfig(
-            name=stream_name("JOBS", self.prefix), subjects=[captures],
+            name=names.stream, subjects=[captures],
             retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
             duplicate_window=JOBS_DUPLICATE_WINDOW_S, num_replicas=self.replicas))
         await ensure_dead_stream(self._js, self.prefix, self.replicas)
         try:
-            await self._bind_consumer(stream, consumer_name(self.queue), captures)
+            await self._bind_consumer(stream, names.consumer, captures)
         except Exception as exc:
             raise RuntimeError(
-                f"could not create the durable consumer {consumer_name(self.queue)!r} on stream "
+                f"could not create the durable consumer {names.consumer!r} on stream "
                 f"{stream!r} ({exc}); a work-queue stream allows one consumer per subject, so "
                 f"every durable worker of prefix {self.prefix!r} must use the same --queue") from exc
         log.info("durable jobs: pulling %s from stream %s, consumer %s", captures, stream,

@@ -28,7 +28,8 @@ class NatsServer:
 
     def __init__(self, store_dir: str | Path | None = None, port: int = -1,
                  max_payload: int | None = None, jetstream: bool = True,
-                 config: str | Path | None = None, env: dict[str, str] | None = None) -> None:
+                 config: str | Path | None = None, env: dict[str, str] | None = None,
+                 monitoring: bool = False) -> None:
         self._own_tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="poolwire-nats-")
         self.store_dir = Path(store_dir or self._own_tmp.name)
         self.port = port
@@ -38,7 +39,9 @@ class NatsServer:
         # overridden by -a/-p, so the server stays on loopback. `env`: variables it refers to.
         self.config = config
         self.env = env
+        self.monitoring = monitoring  # an HTTP monitoring port (/jsz, /connz) on a free port
         self.url: str | None = None
+        self.monitoring_url: str | None = None
         self._proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 10.0) -> str:
@@ -48,6 +51,8 @@ class NatsServer:
                 "--ports_file_dir", str(ports_dir), "-l", str(self.store_dir / "nats-server.log")]
         if self.jetstream:
             args += ["-js", "-sd", str(self.store_dir / "jetstream")]
+        if self.monitoring:
+            args += ["-m", "-1"]
         if self.max_payload:
             # max_payload has no CLI flag (NATS.md section 5).
             conf = self.store_dir / "nats-server.conf"
@@ -69,7 +74,10 @@ class NatsServer:
                 detail = log_file.read_text()[-2000:] if log_file.exists() else err
                 raise RuntimeError(f"nats-server exited with {self._proc.returncode}: {detail.strip()}")
             try:
-                self.url = json.loads(ports_file.read_text())["nats"][0]
+                ports = json.loads(ports_file.read_text())
+                if self.monitoring:
+                    self.monitoring_url = ports["monitoring"][0]
+                self.url = ports["nats"][0]
                 return self.url
             except (FileNotFoundError, json.JSONDecodeError, KeyError, IndexError):
                 time.sleep(0.01)  # the server writes the file within ~20 ms (NATS.md section 2)

@@ -10,7 +10,7 @@ from typing import Any
 
 from nats.js.errors import NotFoundError
 
-from poolwire.actors.durable import (PUBLISH_TIMEOUT_S, JetStreamIntake, Tracked, consumer_name,
+from poolwire.actors.durable import (PUBLISH_TIMEOUT_S, JetStreamIntake, Tracked, durable_names,
                                      ensure_dead_stream)
 from poolwire.actors.durable_policy import compute_alone
 from poolwire.actors.framing import error_frame, header_bytes
@@ -138,8 +138,8 @@ class PipelineIntake(JetStreamIntake):
             raise RuntimeError(f"pipeline stream {s.stream!r} does not exist: create it (e.g. "
                                f"`nats stream add {s.stream} --subjects '{s.input}.>'`) or fix "
                                f"--pipeline-stream") from None
-        await self._bind_consumer(s.stream, consumer_name("pipeline", s.stream, self.queue),
-                                  f"{s.input}.>")
+        consumer = durable_names(self.prefix, self.queue, s.stream).consumer
+        await self._bind_consumer(s.stream, consumer, f"{s.input}.>")
         try:
             self._store = await self._js.find_stream_name_by_subject(f"{s.output}.>")
         except NotFoundError:

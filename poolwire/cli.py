@@ -1,4 +1,4 @@
-"""The `poolwire` command: serve, embed, classify, score, submit, events."""
+"""The `poolwire` command: serve, embed, classify, score, submit, events, stats, lag, health."""
 
 import argparse
 import asyncio
@@ -96,6 +96,28 @@ def _operator_parsers(sub) -> None:
     p = connected("stats", "print every worker's $SRV.STATS as a table")
     p.add_argument("--prefix", default=None, help="only the workers of this subject prefix")
     p.add_argument("--json", action="store_true", help="print the raw STATS answers as JSON")
+    _lag_parser(sub)
+
+
+def _lag_parser(sub) -> None:
+    p = sub.add_parser(
+        "lag", help="print a durable consumer's lag as KEDA's nats-jetstream scaler computes it",
+        description="lag = num_pending + num_ack_pending of the durable consumer the workers of "
+                    "--prefix and --queue pull from (durable jobs, or --pipeline-stream), read "
+                    "from the server's monitoring port (/jsz, as KEDA reads it) with "
+                    "--monitoring-url, else through the JetStream API.")
+    add_connection_options(p)
+    p.add_argument("--prefix", default=os.environ.get(f"{ENV_PREFIX}PREFIX", "pooling"))
+    p.add_argument("--queue", default=os.environ.get(f"{ENV_PREFIX}QUEUE", "poolwire"))
+    p.add_argument("--pipeline-stream", default=os.environ.get(f"{ENV_PREFIX}PIPELINE_STREAM"),
+                   help="the pipeline's stream instead of the durable jobs stream")
+    p.add_argument("--stream", help="a stream name of your own (default: the workers' stream)")
+    p.add_argument("--consumer", help="a consumer name of your own (default: the workers' consumer)")
+    p.add_argument("--monitoring-url", default=os.environ.get("NATS_MONITORING_URL"),
+                   help="the server's monitoring endpoint, e.g. http://nats:8222 (also "
+                        "NATS_MONITORING_URL); without it, the JetStream API is asked")
+    p.add_argument("--account", default="$G", help="the JetStream account (/jsz only; default $G)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
 async def serve(settings: WorkerSettings) -> int:
@@ -257,6 +279,46 @@ async def operator_command(args) -> int:
         await close_quietly(nc)
 
 
+async def lag_command(args) -> int:
+    import nats.errors
+
+    from poolwire import operators
+    from poolwire.actors.durable import durable_names
+
+    names = durable_names(args.prefix, args.queue, args.pipeline_stream)
+    stream, consumer = args.stream or names.stream, args.consumer or names.consumer
+    try:
+        if args.monitoring_url:
+            url = operators.jsz_url(args.monitoring_url, args.account)
+            try:
+                jsz = await asyncio.to_thread(operators.read_jsz, url)
+            except (OSError, ValueError) as exc:
+                print(f"poolwire: could not read {url} ({exc}); is the server's monitoring "
+                      f"port (-m / http_port) open there?", file=sys.stderr)
+                return EXIT_NATS_UNAVAILABLE
+            reading = operators.keda_lag(jsz, args.account, stream, consumer)
+        else:
+            try:
+                nc = await connect(NatsOptions.from_values(args.nats_url, **connect_options(args)))
+            except NatsConnectError as exc:
+                print(f"poolwire: {exc}", file=sys.stderr)
+                return EXIT_NATS_UNAVAILABLE
+            try:
+                reading = await operators.jetstream_lag(nc, stream, consumer)
+            except nats.errors.Error as exc:  # no JetStream there, or no permission for INFO
+                print(f"poolwire: could not ask JetStream for {stream}/{consumer} ({exc!r}); "
+                      f"give --monitoring-url, or credentials that may call "
+                      f"$JS.API.CONSUMER.INFO", file=sys.stderr)
+                return EXIT_NATS_UNAVAILABLE
+            finally:
+                await close_quietly(nc)
+    except operators.LagError as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(reading) if args.json else operators.lag_line(reading))
+    return 0
+
+
 def health(args) -> int:
     import time
 
@@ -305,6 +367,8 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, previous)
     if args.command == "health":
         return health(args)
+    if args.command == "lag":
+        return asyncio.run(lag_command(args))
     if args.command in ("events", "stats"):
         try:
             return asyncio.run(operator_command(args))

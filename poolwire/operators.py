@@ -171,3 +171,83 @@ async def tail_events(nc, prefix: str, replay: str | None, since: datetime | Non
     finally:
         await sub.unsubscribe()
     return 0
+
+
+# ---- `poolwire lag`: what KEDA's nats-jetstream scaler sees ----
+
+# KEDA's scaler (kedacore/keda pkg/scalers/nats_jetstream_scaler.go) asks a server's monitoring
+# port for this, finds account -> stream -> consumer by name, and scales on
+# num_pending + num_ack_pending; a stream without that consumer counts as its last sequence.
+JSZ_QUERY = "/jsz?acc={account}&consumers=true&config=true"
+DEFAULT_ACCOUNT = "$G"  # the account of users declared outside `accounts` (deploy/nats/)
+
+
+def jsz_url(monitoring_url: str, account: str) -> str:
+    base = monitoring_url.rstrip("/")
+    if "://" not in base:  # KEDA's natsServerMonitoringEndpoint is host:port, without a scheme
+        base = "http://" + base
+    return base + JSZ_QUERY.format(account=account)
+
+
+class LagError(ValueError):
+    """The stream (or account) is not where the scaler would look; the message says what is."""
+
+
+def keda_lag(jsz: dict, account: str, stream: str, consumer: str) -> dict:
+    """The lag KEDA computes from a /jsz answer, with the figures it is made of. `consumer_found`
+    is False when the stream has no such consumer: KEDA then scales on the stream's last
+    sequence, which never falls, so workers are never scaled to zero."""
+    accounts = jsz.get("account_details") or []
+    acc = next((a for a in accounts if a.get("name") == account), None)
+    if acc is None:
+        raise LagError(f"account {account!r} is not in the server's /jsz answer (accounts: "
+                       f"{', '.join(a.get('name', '?') for a in accounts) or 'none'}); pass "
+                       f"--account with the account the workers' users belong to")
+    streams = acc.get("stream_detail") or []
+    found = next((s for s in streams if s.get("name") == stream), None)
+    if found is None:
+        raise LagError(f"stream {stream!r} not found in account {account!r} (streams: "
+                       f"{', '.join(s.get('name', '?') for s in streams) or 'none'}); start a "
+                       f"durable worker once (it creates the stream) or check --prefix/--stream; "
+                       f"with a JetStream cluster, ask the stream's leader's monitoring port")
+    for c in found.get("consumer_detail") or []:
+        if c.get("name") == consumer:
+            pending, ack_pending = int(c.get("num_pending", 0)), int(c.get("num_ack_pending", 0))
+            return {"stream": stream, "consumer": consumer, "consumer_found": True,
+                    "num_pending": pending, "num_ack_pending": ack_pending,
+                    "lag": pending + ack_pending}
+    last_seq = int((found.get("state") or {}).get("last_seq", 0))
+    return {"stream": stream, "consumer": consumer, "consumer_found": False,
+            "num_pending": None, "num_ack_pending": None, "lag": last_seq}
+
+
+def lag_line(reading: dict) -> str:
+    if not reading["consumer_found"]:
+        return (f"{reading['lag']}  (stream {reading['stream']} has no consumer "
+                f"{reading['consumer']}: KEDA would scale on the stream's last sequence; check "
+                f"--queue, or start one durable worker to create the consumer)")
+    return (f"{reading['lag']}  (num_pending {reading['num_pending']} + num_ack_pending "
+            f"{reading['num_ack_pending']}; stream {reading['stream']}, consumer "
+            f"{reading['consumer']})")
+
+
+def read_jsz(url: str, timeout: float = 5.0) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as answer:  # noqa: S310 (operator's URL)
+        return json.loads(answer.read())
+
+
+async def jetstream_lag(nc, stream: str, consumer: str) -> dict:
+    """The same figures through the JetStream API, for an operator without the monitoring port
+    (the workers' user may not call $JS.API.CONSUMER.INFO: use an operator's credentials)."""
+    from nats.js.errors import NotFoundError
+
+    try:
+        info = await nc.jetstream().consumer_info(stream, consumer)
+    except NotFoundError:
+        raise LagError(f"no consumer {consumer!r} on stream {stream!r}: start a durable worker "
+                       f"once (it creates both) or check --prefix/--queue/--stream") from None
+    return {"stream": stream, "consumer": consumer, "consumer_found": True,
+            "num_pending": info.num_pending, "num_ack_pending": info.num_ack_pending,
+            "lag": info.num_pending + info.num_ack_pending}
