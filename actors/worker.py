@@ -28,6 +28,7 @@ from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
 from poolwire.actors.stats import StageStats
+from poolwire.actors.tracing import Tracing
 from poolwire.actors.task_policy import (TaskPolicy, configured_task, score_task,
                                          score_uses_configured_task, supported_tasks)
 from poolwire.actors.validator import ModelLimits, ValidatorActor
@@ -66,6 +67,7 @@ class Worker:
         self.pipeline = pipeline_spec(settings, self.policy) if settings.pipeline_stream else None
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = StageStats()
+        self.tracing = Tracing.configure(settings.otlp_endpoint)
         self.metrics = WorkerMetrics()
         self.metrics_port: int | None = None  # bound port of the metrics server, when serving
         self.discovery: Discovery | None = None
@@ -111,13 +113,13 @@ class Worker:
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms, max_added_padding=self.max_added_padding,
             max_queued_tokens=s.max_queued_tokens), self.events,
-            self.stats, metrics=self.metrics, backend=self.backend)
+            self.stats, metrics=self.metrics, backend=self.backend, tracing=self.tracing)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length,
                                      self.model.embedding_size, ModelFacts.of(self.model)),
             self.engine, replier, self.worker_id, self.stats)
         self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier, self.stats,
-                                  metrics=self.metrics)
+                                  metrics=self.metrics, tracing=self.tracing)
         # Subscribe before creating the events stream, and start the actors only once it exists:
         # requests that arrive meanwhile wait in the ingest mailbox, so every deprecation event
         # is kept. The other order (stream first) made nats-server 2.15 answer no-responders to
@@ -130,7 +132,7 @@ class Worker:
         self.supervisor.start_loop("engine-batches", self.engine.batch_loop,
                                    on_restart=self.engine.on_restart)
         self.intakes = await start_intakes(self.nc, s, self.pipeline, self.validator, replier,
-                                           self.engine, self.supervisor)
+                                           self.engine, self.supervisor, self.tracing)
         self.discovery = self._discovery(replier)
         await self.discovery.start()
         self.watchdog = Watchdog(self.nc, s.prefix, SelfCheck(
@@ -254,6 +256,7 @@ class Worker:
             log.warning("drain timed out with %d messages still in flight", self.backlog)
         await self.supervisor.stop()
         self.metrics.close()
+        await asyncio.to_thread(self.tracing.shutdown)  # exports what is left; blocking I/O
         if self.engine is not None:
             await self.engine.close()
         try:
