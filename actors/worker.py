@@ -28,6 +28,7 @@ from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
 from poolwire.actors.stats import StageStats
+from poolwire.actors.result_cache import Identity, ResultCache, fingerprint
 from poolwire.actors.tracing import Tracing
 from poolwire.actors.task_policy import (TaskPolicy, configured_task, score_task,
                                          score_uses_configured_task, supported_tasks)
@@ -69,6 +70,7 @@ class Worker:
         self.stats = StageStats()
         self.tracing = Tracing.configure(settings.otlp_endpoint)
         self.metrics = WorkerMetrics()
+        self.cache = self._result_cache() if settings.cache_bucket else None
         self.metrics_port: int | None = None  # bound port of the metrics server, when serving
         self.discovery: Discovery | None = None
         self.nc = None
@@ -82,6 +84,14 @@ class Worker:
         # Set with a one-line reason when the worker is deaf beyond repair or its connection was
         # closed for good: the process should then exit non-zero (poolwire serve exits 4).
         self.failed: asyncio.Future[str] | None = None
+
+    def _result_cache(self) -> ResultCache:
+        s, model = self.settings, self.model
+        identity = Identity(model_files=fingerprint(model.path, model.revision),
+                            backend=self.backend.name, precision=self.precision.served,
+                            dtype=str(model.dtype).removeprefix("torch."),
+                            device=model.device.type)
+        return ResultCache(s.cache_bucket, identity, s.cache_ttl, s.cache_max_bytes, self.metrics)
 
     async def start(self, url: str, health_file=None) -> None:
         """Connect (NatsConnectError, one line, within nats_connect_timeout_s) and serve."""
@@ -108,12 +118,15 @@ class Worker:
         if not s.allow_mixed_queue:
             await self._refuse_mixed_queue()
         replier = Replier(self.nc, self.metrics)
+        if self.cache is not None:
+            await self.cache.start(self.nc)  # never fails: an absent bucket is warned about
         self.events = EventPublisher(self.nc, s.prefix, self.metrics)
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms, max_added_padding=self.max_added_padding,
             max_queued_tokens=s.max_queued_tokens), self.events,
-            self.stats, metrics=self.metrics, backend=self.backend, tracing=self.tracing)
+            self.stats, metrics=self.metrics, backend=self.backend, tracing=self.tracing,
+            cache=self.cache)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length,
                                      self.model.embedding_size, ModelFacts.of(self.model)),
@@ -216,7 +229,8 @@ class Worker:
                     "last_error": replier.last_error, "processing_time": busy_ns,
                     "average_processing_time": busy_ns // requests if requests else 0,
                     "data": {**self.stats.snapshot(), "batching": self.batching_stats(),
-                             **{i.name: i.counters() for i in self.intakes}}}
+                             **{i.name: i.counters() for i in self.intakes},
+                             **({"cache": self.cache.counters()} if self.cache else {})}}
 
         return Discovery(self.nc, version=__version__, metadata=metadata,
                          description="poolwire: pooling models over NATS (PROTOCOL.md v1)",
@@ -259,6 +273,8 @@ class Worker:
         await asyncio.to_thread(self.tracing.shutdown)  # exports what is left; blocking I/O
         if self.engine is not None:
             await self.engine.close()
+        if self.cache is not None:
+            await self.cache.close()
         try:
             if self.nc.is_connected:
                 await asyncio.wait_for(self.nc.drain(), max(1.0, deadline - time.monotonic()))

@@ -43,7 +43,16 @@ def try_hint(task: str, prefix: str, url: str) -> str:
 
 
 STATS_COLUMNS = ("worker", "model", "task", "requests", "errors", "batches", "batch size",
-                 "padding", "forward s", "last error")
+                 "padding", "forward s", "cache hits", "last error")
+
+
+def cache_hit_rate(data: dict) -> str:
+    """`--cache-bucket` workers: the share of looked-up items served from the cache."""
+    cache = data.get("cache")
+    if not isinstance(cache, dict):
+        return "-"
+    looked = cache.get("hits", 0) + cache.get("misses", 0)
+    return f"{cache.get('hits', 0) / looked:.0%}" if looked else "0%"
 
 
 def _endpoints(answers: list[dict], prefix: str | None):
@@ -67,7 +76,7 @@ def stats_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str
             meta.get("configured_task", "?"), str(endpoint.get("num_requests", 0)),
             str(endpoint.get("num_errors", 0)), str(data.get("batches", 0)),
             f"{data.get('mean_batch_size', 0):.1f}", f"{data.get('padding_waste', 0):.0%}",
-            f"{(data.get('seconds') or {}).get('forward', 0):.1f}",
+            f"{(data.get('seconds') or {}).get('forward', 0):.1f}", cache_hit_rate(data),
             endpoint.get("last_error") or "-"))
     return sorted(rows)
 
