@@ -44,7 +44,8 @@ CACHED_TASKS = frozenset({Task.EMBED, Task.CLASSIFY})
 # encoded (the cache keeps the float array before encoding), when and in which order it runs.
 NOT_IN_KEY = frozenset({"input", "text_1", "text_2", "request_id", "stream", "deadline_ms",
                         "priority", "encoding_format", "embed_dtype", "cache"})
-LOOKUP_TIMEOUT_S = 0.2            # a slow bucket costs a request at most this
+LOOKUP_TIMEOUT_S = 0.25           # a slow bucket costs a request at most this
+SLOW_LOOKUPS = 3                  # lookups in a row past the timeout before the pause
 STORE_TIMEOUT_S = 2.0
 RETRY_AFTER_S = 5.0               # after a failure the bucket is left alone this long
 MAX_PENDING_STORES = 256          # stores in flight; past it new results are not stored
@@ -175,6 +176,8 @@ class ResultCache:
         self._kv = None
         self._down_until = 0.0     # monotonic; while in the future the bucket is not asked
         self._warned = False       # this outage was logged
+        self._binding: asyncio.Task | None = None
+        self._slow = 0             # lookups in a row that ran past LOOKUP_TIMEOUT_S
         self._stores: set[asyncio.Task] = set()
         self.hits = 0
         self.misses = 0
@@ -210,12 +213,13 @@ class ResultCache:
             self._warned = False
         return True
 
-    def _failed(self, what: str, exc: BaseException) -> None:
+    def _failed(self, what: str, exc: BaseException, pause: bool = True) -> None:
         self.errors += 1
         if self._metrics is not None:
             self._metrics.cache_errors.inc()
-        self._kv = None  # bound again after the pause: the bucket may have been re-created
-        self._down_until = time.monotonic() + RETRY_AFTER_S
+        if pause:
+            self._kv = None  # bound again after the pause: the bucket may have been re-created
+            self._down_until = time.monotonic() + RETRY_AFTER_S
         if not self._warned:
             self._warned = True
             log.warning("cache bucket %s failed (%s: %r); computing without the cache, trying "
@@ -223,11 +227,15 @@ class ResultCache:
                         RETRY_AFTER_S)
 
     async def _usable(self) -> bool:
+        """Whether to ask the bucket now. Binding again after an outage runs in the
+        background: no request waits for a server that may still be away."""
         if self._kv is not None:
             return True
-        if self._js is None or time.monotonic() < self._down_until:
-            return False
-        return await self._bind()
+        if self._js is not None and self._binding is None and \
+                time.monotonic() >= self._down_until:
+            self._binding = asyncio.get_running_loop().create_task(self._bind())
+            self._binding.add_done_callback(lambda _: setattr(self, "_binding", None))
+        return False
 
     # ---- per request ----
 
@@ -250,9 +258,17 @@ class ResultCache:
             found = await asyncio.wait_for(
                 asyncio.gather(*(self._get(k) for k in keys)), LOOKUP_TIMEOUT_S)
         except Exception as exc:  # slow or away: compute everything
-            self._failed("lookup", exc)
+            # One slow lookup (a busy server) costs only that request; several in a row, or
+            # any other failure, pause the cache.
+            slow = isinstance(exc, asyncio.TimeoutError)
+            self._slow = self._slow + 1 if slow else 0
+            self._failed("lookup", exc, pause=not slow or self._slow >= SLOW_LOOKUPS)
             self._count(0, len(items), time.perf_counter() - started)
             return None
+        self._slow = 0
+        if self._warned:  # the next outage is logged again
+            self._warned = False
+            log.warning("cache bucket %s answers again", self.bucket)
         hits = {i: decode_value(v) for i, v in enumerate(found) if v is not None}
         misses = [i for i in range(len(items)) if i not in hits]
         self._count(len(hits), len(misses), time.perf_counter() - started)
@@ -313,6 +329,8 @@ class ResultCache:
 
     async def close(self, timeout: float = 2.0) -> None:
         """Let the stores in flight finish (briefly): what was computed is kept."""
+        if self._binding is not None:
+            self._binding.cancel()
         if self._stores:
             await asyncio.wait(set(self._stores), timeout=timeout)
         for task in list(self._stores):
