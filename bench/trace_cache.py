@@ -14,6 +14,10 @@ Rows:
 - `cache-computed`, `cache-hits`: a worker with `--cache-bucket`; the workload's texts, never
   seen, are computed and stored (the cold pass: lookups that miss, forward passes, stores),
   then asked again (every item a hit).
+- tracing's own CPU per request: a traced request's whole span work (span, stage events, its
+  share of a forward-pass span, the reply's traceparent, the export) repeated `--span-reps`
+  times, over the CPU an untraced request costs this process: the overhead the two tracing
+  rows cannot resolve where other work makes their rounds vary by more than it.
 
 Both workers run in this process against a nats-server this run starts on 127.0.0.1 (the
 bundled all-MiniLM-L6-v2, exact precision). Prints markdown to stdout and, with `--json`, the
@@ -94,11 +98,38 @@ async def drive(nc, subject: str, bodies: list[bytes], concurrency: int,
             if "error" in msgpack.unpackb(msg.data):
                 errors += 1
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one_lane() for _ in range(concurrency)))
     seconds = time.perf_counter() - started
+    # This process's CPU (the workers, their export threads and the load generator; not the
+    # nats-server): steadier than wall time on a shared machine.
+    cpu_ms = (time.process_time() - cpu) * 1e3 / len(bodies)
     return {"requests": len(bodies), "seconds": round(seconds, 4),
-            "throughput": round(len(bodies) / seconds, 2), "errors": errors}
+            "throughput": round(len(bodies) / seconds, 2), "errors": errors,
+            "cpu_ms_per_request": round(cpu_ms, 3)}
+
+
+def span_cpu_us(endpoint: str, n: int = 2000) -> float:
+    """CPU per request of everything tracing adds (a request span with its six stage events,
+    its share of a forward-pass span, injecting the reply's traceparent, exporting), measured
+    alone: the cost the tracing rows cannot resolve on a noisy machine."""
+    from poolwire.actors.tracing import Tracing
+
+    tracing = Tracing.configure(endpoint)
+    headers = {"traceparent": TRACEPARENT}
+    started = time.process_time()
+    for _ in range(n):
+        t = tracing.begin(headers, "bench.on.embed", time.monotonic())
+        for stage in ("decode", "validate", "cache lookup", "tokenize", "publish"):
+            with t.stage(stage):
+                pass
+        t.set(task="embed", configured_task="embed", deprecated=False, items=1, tokens=12)
+        t.open("queue wait")
+        span = tracing.forward_started([t], 1, 16)
+        tracing.forward_ended(span)
+        t.end()
+    tracing.shutdown()  # exports the rest: its CPU counts
+    return (time.process_time() - started) * 1e6 / n
 
 
 def bodies_of(texts: list[str], per_request: int, **fields) -> list[bytes]:
@@ -158,6 +189,7 @@ async def run(args: argparse.Namespace) -> dict:
                 rows[key] = {**best, "rounds": [x["throughput"] for x in results]}
             await asyncio.sleep(0.5)  # let the last spans go out before counting exports
             rows["trace-on"]["exports"] = sink.exports
+            span_us = await asyncio.to_thread(span_cpu_us, sink.url, args.span_reps)
 
             # The cache: a cold pass over unseen texts, then the same texts again.
             subject = f"{workers['cache'].settings.prefix}.embed"
@@ -188,7 +220,11 @@ async def run(args: argparse.Namespace) -> dict:
             "trace_on_vs_off": round(rows["trace-on"]["throughput"]
                                      / rows["trace-off"]["throughput"], 3),
             "cached_vs_computed": round(rows["cache-hits"]["throughput"]
-                                        / rows["cache-computed"]["throughput"], 2)},
+                                        / rows["cache-computed"]["throughput"], 2),
+            # What tracing adds per request, in CPU, over what a request costs untraced.
+            "span_cpu_vs_request_cpu": round(
+                span_us / 1e3 / rows["trace-off"]["cpu_ms_per_request"], 4)},
+        "span_cpu_us_per_request": round(span_us, 1),
     }
 
 
@@ -201,6 +237,9 @@ def markdown(report: dict, command: str) -> str:
     ratios = report["ratios"]
     lines += ["", f"tracing on / off (requests/s, concurrency {report['concurrency']}, median of "
                   f"{report['rounds']} alternating rounds): **{ratios['trace_on_vs_off']:.3f}**",
+              f"tracing's own CPU per request: {report['span_cpu_us_per_request']:.0f} us, "
+              f"{ratios['span_cpu_vs_request_cpu']:.1%} of an untraced request's "
+              f"({rows['trace-off']['cpu_ms_per_request']:.2f} ms)",
               f"all cached / computed ({report['per_request']} texts a request): "
               f"**{ratios['cached_vs_computed']:.2f}x**", "", f"`{command}`"]
     return "\n".join(lines)
@@ -215,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="texts per request in the cache rows (default 8)")
     p.add_argument("--rounds", type=int, default=3, help="alternating tracing rounds (default 3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--span-reps", type=int, default=2000,
+                   help="traced requests simulated to measure tracing's own CPU (default 2000)")
     p.add_argument("--quick", action="store_true", help="120 texts, concurrency 16, one round")
     p.add_argument("--json", type=Path, help="also write the report here")
     return p
@@ -225,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.texts, args.concurrency, args.rounds = 120, 16, 1
-    for name in ("texts", "concurrency", "per_request", "rounds"):
+    for name in ("texts", "concurrency", "per_request", "rounds", "span_reps"):
         if getattr(args, name) < 1:
             print(f"trace_cache: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2

@@ -12,7 +12,7 @@ from bench import trace_cache
 def test_a_tiny_run_reports_every_row_and_both_ratios(tmp_path, capsys):
     out = tmp_path / "trace_cache.json"
     assert trace_cache.main(["--texts", "16", "--concurrency", "4", "--per-request", "4",
-                             "--rounds", "2", "--json", str(out)]) == 0
+                             "--rounds", "2", "--span-reps", "50", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     rows = report["rows"]
     assert list(rows) == ["trace-off", "trace-on", "cache-computed", "cache-hits"]
@@ -24,7 +24,9 @@ def test_a_tiny_run_reports_every_row_and_both_ratios(tmp_path, capsys):
     # Every warm item was a hit: nothing was computed on the second pass.
     assert rows["cache-hits"]["computed_sequences"] == 0
     assert rows["cache-hits"]["cache"]["hits"] == 16
-    assert set(report["ratios"]) == {"trace_on_vs_off", "cached_vs_computed"}
+    assert set(report["ratios"]) == {"trace_on_vs_off", "cached_vs_computed",
+                                     "span_cpu_vs_request_cpu"}
+    assert report["span_cpu_us_per_request"] > 0
     assert all(v > 0 for v in report["ratios"].values())
     assert "tracing on / off" in capsys.readouterr().out
 
