@@ -134,7 +134,8 @@ class EngineActor(Actor):
             trace.end(err.code)
             return
         trace.set(items=len(cached.keys) if cached else plan.n_items, tokens=plan.prompt_tokens)
-        trace.open("queue wait")
+        if plan.sequences:
+            trace.open("queue wait")
         request = job.request
         style = ReplyStyle(job.fmt, request.encoding_format == "binary", request.embed_dtype)
         flight = InFlight(job, plan, style, remaining=len(plan.sequences))

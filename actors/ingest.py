@@ -88,6 +88,7 @@ class IngestActor(Actor):
             self._validator.tell(incoming)
         except MailboxFull:
             await self._overloaded(msg.reply, incoming.request_id, fmt)
+            trace.end(ErrorCode.OVERLOADED)
 
     async def on_failure(self, message, exc: BaseException) -> None:
         msg, _ = message

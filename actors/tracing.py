@@ -184,7 +184,7 @@ class Tracing:
         provider = TracerProvider(resource=Resource.create(attributes))
         # Schedule delay, queue size and batch size from the OTEL_BSP_* variables.
         provider.add_span_processor(BatchSpanProcessor(exporter))
-        log.info("exporting traces to %s (OTLP/HTTP)", exporter._endpoint)
+        log.info("exporting traces over OTLP/HTTP to %s", endpoint or configured)
         return cls(provider.get_tracer("poolwire", __version__), provider)
 
     def begin(self, headers: dict | None, subject: str, received_at: float | None = None,
