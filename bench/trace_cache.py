@@ -32,7 +32,6 @@ import asyncio
 import json
 import logging
 import os
-import statistics
 import sys
 import threading
 import time
