@@ -14,7 +14,7 @@ import logging
 import re
 import time
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
@@ -25,6 +25,7 @@ from poolwire.actors.durable_policy import (Outcome, compute_alone, dead_letter,
 from poolwire.actors.ingest import new_request_id
 from poolwire.actors.messages import Incoming
 from poolwire.actors.runtime import Actor, MailboxFull
+from poolwire.actors.tracing import OFF, Tracing
 from poolwire.schemas.codec import WireFormat, decode, sniff_format
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.requests import request_id_of
@@ -134,8 +135,10 @@ class JetStreamIntake(Actor):
     name = "jetstream-intake"
 
     def __init__(self, nc, prefix: str, validator: Actor, replier, engine,
-                 limits: IntakeLimits, replicas: int = 1, mailbox_size: int = 1 << 16) -> None:
+                 limits: IntakeLimits, replicas: int = 1, mailbox_size: int = 1 << 16,
+                 tracing: Tracing = OFF) -> None:
         super().__init__(mailbox_size)
+        self._tracing = tracing
         self._nc = nc
         self._js = nc.jetstream()
         self.prefix = prefix
@@ -257,16 +260,21 @@ class JetStreamIntake(Actor):
             running.msg, running.deliveries = msg, deliveries
             return
         local = f"_POOLWIRE.{self.name}.{next(self._ids)}"
-        tracked, request = self.parse(msg, local, deliveries)
+        trace = self._tracing.begin(msg.headers, msg.subject, time.monotonic(), self.name)
+        with trace.stage("decode"):
+            tracked, request = self.parse(msg, local, deliveries)
         if isinstance(request, PoolingError):
-            await self._reject(tracked, request, None)
+            await self._reject(tracked, request, trace.headers)
+            trace.end(request.code)
             return
+        request = replace(request, trace=trace)
         if exhausted(deliveries, self.limits.max_deliveries):
             await self._dead_letter(tracked, PoolingError(
                 ErrorCode.INTERNAL,
                 f"job {tracked.request_id} was delivered {deliveries} times without an answer "
                 f"(the workers that took it stopped before answering); it is kept in "
-                f"{dead_subject(self.prefix, tracked.task_name)}"), None)
+                f"{dead_subject(self.prefix, tracked.task_name)}"), trace.headers)
+            trace.end(ErrorCode.INTERNAL)
             return
         self._flights[local] = tracked
         self._by_seq[meta.sequence.stream] = local
@@ -275,6 +283,7 @@ class JetStreamIntake(Actor):
             self._validator.tell(request)
         except MailboxFull:
             self._finish(tracked)
+            trace.end(ErrorCode.OVERLOADED)
             await self._settle(msg.nak(delay=self.limits.retry_base_s))
 
     # ---- frames routed here by the Replier (called from other actors' tasks) ----

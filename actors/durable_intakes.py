@@ -29,7 +29,7 @@ def pipeline_spec(settings: WorkerSettings, policy: TaskPolicy) -> PipelineSpec:
 
 
 async def start_intakes(nc, settings: WorkerSettings, pipeline: PipelineSpec | None, validator,
-                        replier, engine, supervisor) -> list[JetStreamIntake]:
+                        replier, engine, supervisor, tracing=None) -> list[JetStreamIntake]:
     s = settings
     limits = IntakeLimits(max_deliveries=s.durable_max_deliveries, ack_wait_s=s.durable_ack_wait_s,
                           capacity=s.durable_capacity, batch=min(64, s.durable_capacity),
@@ -37,6 +37,8 @@ async def start_intakes(nc, settings: WorkerSettings, pipeline: PipelineSpec | N
     intakes: list[JetStreamIntake] = []
     common = dict(nc=nc, prefix=s.prefix, validator=validator, replier=replier, engine=engine,
                   limits=limits, replicas=s.durable_replicas, queue=s.queue)
+    if tracing is not None:
+        common["tracing"] = tracing
     if s.durable:
         intakes.append(DurableJobs(**common))
     if pipeline is not None:

@@ -22,6 +22,7 @@ from poolwire.actors.replier import Replier
 from poolwire.actors.reply_size import check_reply_fits, reply_room
 from poolwire.actors.runtime import Actor
 from poolwire.actors.stats import StageStats
+from poolwire.actors.tracing import OFF, Tracing, trace_of
 from poolwire.models.task_heads import TaskPlan, cosine_items, plan_task
 from poolwire.models.tokenizing import Tokenizing
 from poolwire.schemas.errors import ErrorCode, PoolingError
@@ -51,6 +52,10 @@ class InFlight:
     queued: list[QueuedItem] = field(default_factory=list)  # its sequences in the planner
     failed: bool = False    # its error frame went out
     answered: bool = False  # its final frame went out
+    # Result cache (actors/result_cache.py): the item each queued sequence computes (None:
+    # sequence i is item i) and every item's key, for storing what is computed.
+    item_of: list[int] | None = None
+    cache_keys: list[str] | None = None
 
     @property
     def keeps_outputs(self) -> bool:
@@ -64,8 +69,11 @@ class EngineActor(Actor):
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
                  mailbox_size: int = 4096, metrics: WorkerMetrics | None = None,
-                 backend: Backend | None = None) -> None:
+                 backend: Backend | None = None, tracing: Tracing = OFF,
+                 cache=None) -> None:
         super().__init__(mailbox_size)
+        self._tracing = tracing
+        self._cache = cache  # a ResultCache, or None
         # How the model is computed is the backend's business (models/backend.py); the engine
         # only plans batches and hands them over.
         self.backend = backend or TorchBackend(model)
@@ -102,21 +110,38 @@ class EngineActor(Actor):
         return self._planner.queued_tokens
 
     async def receive(self, job: Job) -> None:
+        trace = trace_of(job)
         try:
             # payload_too_large before any work (sequence-level items: from the request alone;
             # token-level ones: once tokenized, their size being their token count).
             check_reply_fits(job, None, self.model, self._replier.max_payload)
-            with self.stats.timed("tokenize"):
-                plan = plan_task(job.task, job.request, self.model, self._tokenizing)
+            cached = None
+            if self._cache is not None:
+                with trace.stage("cache lookup"):
+                    cached = await self._cache.lookup(job.task, job.request)
+            if cached is not None and cached.request is None:
+                plan = cached.plan(None)  # every item hit: nothing to tokenize or compute
+            else:
+                with self.stats.timed("tokenize"), trace.stage("tokenize"):
+                    plan = plan_task(job.task, cached.request if cached else job.request,
+                                     self.model, self._tokenizing)
+                if cached is not None:
+                    plan = cached.plan(plan)
             check_reply_fits(job, plan, self.model, self._replier.max_payload)
             self._admit(plan)
         except PoolingError as err:
             await self._replier.send_error(job.reply, job.request_id, err, job.fmt, job.headers)
+            trace.end(err.code)
             return
+        trace.set(items=len(cached.keys) if cached else plan.n_items, tokens=plan.prompt_tokens)
+        if plan.sequences:
+            trace.open("queue wait")
         request = job.request
         style = ReplyStyle(job.fmt, request.encoding_format == "binary", request.embed_dtype)
         flight = InFlight(job, plan, style, remaining=len(plan.sequences))
         self._inflight.add(flight)
+        if cached is not None:
+            await self._cached_items(flight, cached)  # before any computed item can finish it
         group = f"{plan.spec.forward}#{job.request_id}" if job.solo else plan.spec.forward
         for i, seq in enumerate(plan.sequences):
             item = QueuedItem(tokens=len(seq), priority=request.priority, deadline=job.deadline,
@@ -126,7 +151,28 @@ class EngineActor(Actor):
         self._note_arrival()
         self._wake.set()
         if job.deprecation is not None and self._publish_event is not None:
-            await self._publish_event(job.deprecation)
+            if trace.headers:  # the event names the request's span too (PROTOCOL "Trace context")
+                await self._publish_event(job.deprecation, trace.headers)
+            else:
+                await self._publish_event(job.deprecation)
+        if flight.remaining == 0 and not flight.failed:  # every item came from the cache
+            try:
+                await self._finish(flight)
+            except PoolingError as err:
+                await self._fail(flight, err)
+
+    async def _cached_items(self, flight: InFlight, cached) -> None:
+        """The items the result cache had: kept for the one-message reply, or sent as item
+        frames of a stream; what is computed is stored under `cache_keys`."""
+        flight.item_of, flight.cache_keys = cached.misses, cached.keys
+        hits = sorted((i, value) for i, (value, _) in cached.hits.items())
+        try:
+            if flight.keeps_outputs:
+                flight.outputs.update(hits)
+            elif flight.job.reply and hits:
+                await self._send_items(flight, hits)
+        except PoolingError as err:
+            await self._fail(flight, err)
 
     def _admit(self, plan: TaskPlan) -> None:
         tokens = sum(len(s) for s in plan.sequences)
@@ -142,6 +188,7 @@ class EngineActor(Actor):
         await self._replier.send_error(job.reply, job.request_id,
                                        PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
                                        job.fmt, job.headers)
+        trace_of(job).end(ErrorCode.INTERNAL)
 
     def _note_arrival(self) -> None:
         now = time.monotonic()
@@ -174,13 +221,17 @@ class EngineActor(Actor):
                 seqs.append(flight.plan.sequences[i])
                 specs.append(flight.plan.spec)
             self._in_forward += 1
+            span = self._tracing.forward_started(
+                [trace_of(item.payload[0].job) for item in batch], len(seqs),
+                len(seqs) * max(len(s) for s in seqs)) if self._tracing.enabled else None
             future = loop.run_in_executor(self._forward_thread, run_batch, self.backend, seqs,
                                           specs)
             previous = self._last_delivery
             self._last_delivery = asyncio.create_task(
-                self._complete(batch, seqs, future, previous), name="poolwire-deliver")
+                self._complete(batch, seqs, future, previous, span), name="poolwire-deliver")
 
-    async def _complete(self, batch, seqs, future, previous: asyncio.Task | None) -> None:
+    async def _complete(self, batch, seqs, future, previous: asyncio.Task | None,
+                        span=None) -> None:
         try:
             result = await future
         except Exception as exc:
@@ -188,6 +239,8 @@ class EngineActor(Actor):
         finally:
             self._in_forward -= 1
             self._wake.set()
+            if span is not None:
+                self._tracing.forward_ended(span, result if isinstance(result, Exception) else None)
         if previous is not None:
             await asyncio.wait([previous])  # deliver in batch order: a request's frames stay ordered
         flights = {item.payload[0] for item in batch}
@@ -268,6 +321,7 @@ class EngineActor(Actor):
         self._inflight.discard(flight)
         job = flight.job
         await self._replier.send_error(job.reply, job.request_id, error, job.fmt, job.headers)
+        trace_of(job).end(error.code)
 
     async def _deliver(self, flight: InFlight, seq_index: int, value: np.ndarray) -> None:
         if flight.failed:
@@ -276,6 +330,10 @@ class EngineActor(Actor):
         if job.task is Task.SCORE and plan.pairs is None:
             value = value.reshape(-1)[0]  # a cross-encoder's one label is the pair's score
         flight.remaining -= 1
+        if flight.cache_keys is not None:  # computed for the result cache's misses
+            seq_index = flight.item_of[seq_index]
+            self._cache.store(flight.cache_keys[seq_index], value,
+                              flight.plan.item_tokens[seq_index])
         try:
             if flight.keeps_outputs:
                 flight.outputs[seq_index] = value
@@ -302,6 +360,7 @@ class EngineActor(Actor):
         if not job.reply:
             flight.answered = True
             self._inflight.discard(flight)
+            trace_of(job).end()
             return
         if plan.pairs is not None:
             items = list(enumerate(cosine_items(plan, flight.outputs)))
@@ -325,12 +384,13 @@ class EngineActor(Actor):
         flight.answered = True
         self._inflight.discard(flight)
         await self._publish(job, body)
+        trace_of(job).end()
         if self._metrics is not None:
             self._metrics.request_seconds.labels(job.task.value).observe(
                 time.monotonic() - job.received_at)
 
     async def _publish(self, job: Job, body: bytes) -> None:
-        with self.stats.timed("publish"):
+        with self.stats.timed("publish"), trace_of(job).stage("publish"):
             await self._replier.send(job.reply, body, job.headers)
 
     async def close(self) -> None:

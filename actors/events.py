@@ -62,8 +62,10 @@ class EventPublisher:
         self.subject = events_subject(prefix)
         self.published = 0
 
-    async def __call__(self, event: DeprecationEvent) -> None:
-        await self._nc.publish(self.subject, msgpack.packb(event.model_dump(), use_bin_type=True))
+    async def __call__(self, event: DeprecationEvent, headers: dict[str, str] | None = None) -> None:
+        # headers: the request's trace context (PROTOCOL.md "Trace context"), when it has one.
+        await self._nc.publish(self.subject, msgpack.packb(event.model_dump(), use_bin_type=True),
+                               headers=headers or None)
         self.published += 1
         if self._metrics is not None:
             self._metrics.deprecations.labels(event.requested_task).inc()

@@ -12,6 +12,7 @@ from poolwire.actors.metrics import WorkerMetrics
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Actor, MailboxFull
 from poolwire.actors.stats import StageStats
+from poolwire.actors.tracing import OFF, Tracing
 from poolwire.schemas.codec import decode, sniff_format
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.requests import request_id_of
@@ -29,9 +30,10 @@ class IngestActor(Actor):
 
     def __init__(self, nc, prefix: str, queue: str, validator: Actor, replier: Replier,
                  stats: StageStats | None = None, mailbox_size: int = 65536,
-                 metrics: WorkerMetrics | None = None) -> None:
+                 metrics: WorkerMetrics | None = None, tracing: Tracing = OFF) -> None:
         super().__init__(mailbox_size)
         self.stats = stats or StageStats()
+        self._tracing = tracing
         self._metrics = metrics
         self._nc = nc
         self.prefix = prefix
@@ -70,19 +72,23 @@ class IngestActor(Actor):
         if self._metrics is not None:
             # Any name may arrive on P.*: only task names become label values.
             self._metrics.requests.labels(task_name if parse_task(task_name) else "unknown").inc()
+        trace = self._tracing.begin(msg.headers, msg.subject, received_at)
         try:
-            with self.stats.timed("decode"):
+            with self.stats.timed("decode"), trace.stage("decode"):
                 body, fmt = decode(msg.data)
         except PoolingError as err:
-            await self._replier.send_error(msg.reply, new_request_id(), err, sniff_format(msg.data))
+            await self._replier.send_error(msg.reply, new_request_id(), err, sniff_format(msg.data),
+                                           trace.headers)
+            trace.end(err.code)
             return
         incoming = Incoming(reply=msg.reply, task_name=task_name, body=body, fmt=fmt,
                             request_id=request_id_of(body) or new_request_id(),
-                            received_at=received_at)
+                            received_at=received_at, trace=trace)
         try:
             self._validator.tell(incoming)
         except MailboxFull:
             await self._overloaded(msg.reply, incoming.request_id, fmt)
+            trace.end(ErrorCode.OVERLOADED)
 
     async def on_failure(self, message, exc: BaseException) -> None:
         msg, _ = message

@@ -34,6 +34,7 @@ class Incoming:
     # again after failing (durable_policy.compute_alone).
     solo: bool = False
     reserve: ReplyReserve | None = None
+    trace: object = None  # its trace context (actors/tracing.py), set by its intake
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Job:
     deprecation: DeprecationEvent | None = None
     solo: bool = False  # see Incoming.solo
     reserve: ReplyReserve | None = None
+    trace: object = None  # see Incoming.trace; its headers are in `headers` too
 
     @property
     def deadline(self) -> float | None:

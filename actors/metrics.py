@@ -69,6 +69,19 @@ class WorkerMetrics:
             "poolwire_deprecation_events",
             "deprecation events published, by the requested (non-configured) task",
             ["requested_task"], registry=r)
+        # The result cache (actors/result_cache.py; zero where none is configured).
+        self.cache_hits = Counter("poolwire_cache_hits", "items served from the result cache",
+                                  registry=r)
+        self.cache_misses = Counter("poolwire_cache_misses",
+                                    "items looked up in the result cache and computed", registry=r)
+        self.cache_bytes_written = Counter("poolwire_cache_bytes_written",
+                                           "bytes stored in the result cache", registry=r)
+        self.cache_lookup_seconds = Histogram(
+            "poolwire_cache_lookup_seconds", "seconds per request's result cache lookup",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25), registry=r)
+        self.cache_errors = Counter(
+            "poolwire_cache_errors", "result cache lookups or stores that failed (unreachable, "
+            "full, slow or deleted bucket); the items were computed", registry=r)
         self.info = Info("poolwire_worker", "what this worker serves and how", registry=r)
         self._server = None
 

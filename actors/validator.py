@@ -12,6 +12,7 @@ from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Actor, MailboxFull
 from poolwire.actors.stats import StageStats
 from poolwire.actors.task_policy import TaskPolicy, Verdict
+from poolwire.actors.tracing import trace_of
 from poolwire.models.tokenizing import check_truncation
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.events import DeprecationEvent, utc_now_rfc3339
@@ -77,12 +78,18 @@ class ValidatorActor(Actor):
                             configured_task=configured, supported_tasks=supported)
 
     async def receive(self, incoming: Incoming) -> None:
+        trace = trace_of(incoming)
         try:
-            with self.stats.timed("validate"):
+            with self.stats.timed("validate"), trace.stage("validate"):
                 job = self._validate(incoming)
         except PoolingError as err:
-            await self._replier.send_error(incoming.reply, incoming.request_id, err, incoming.fmt)
+            await self._replier.send_error(incoming.reply, incoming.request_id, err, incoming.fmt,
+                                           trace.headers)
+            trace.set(task=incoming.task_name, configured_task=self.policy.configured.value)
+            trace.end(err.code)
             return
+        trace.set(task=job.task.value, configured_task=self.policy.configured.value,
+                  deprecated=job.deprecation is not None)
         try:
             self._engine.tell(job)
         except MailboxFull:
@@ -90,6 +97,7 @@ class ValidatorActor(Actor):
                 job.reply, job.request_id,
                 PoolingError(ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later",
                              retry_after_ms=100), job.fmt, job.headers)
+            trace.end(ErrorCode.OVERLOADED)
             return
 
     def _validate(self, incoming: Incoming) -> Job:
@@ -101,7 +109,8 @@ class ValidatorActor(Actor):
         check_against_model(task, request, self.limits)
         job = Job(request=request, task=task, reply=incoming.reply, fmt=incoming.fmt,
                   request_id=incoming.request_id, received_at=incoming.received_at,
-                  solo=incoming.solo, reserve=incoming.reserve)
+                  solo=incoming.solo, reserve=incoming.reserve,
+                  trace=incoming.trace, headers=trace_of(incoming).headers)
         if verdict == Verdict.DEPRECATED:
             job = self._deprecated(job)
         return job
@@ -122,10 +131,13 @@ class ValidatorActor(Actor):
             message=message,
             hint=f"start a worker for this task: poolwire serve --task {task} "
                  f"(or POOLWIRE_TASK={task})")
-        return replace(job, warnings=(message,), headers={DEPRECATION_HEADER: configured.value},
+        return replace(job, warnings=(message,),
+                       headers={**(job.headers or {}), DEPRECATION_HEADER: configured.value},
                        deprecation=event)
 
     async def on_failure(self, incoming: Incoming, exc: BaseException) -> None:
+        trace = trace_of(incoming)
         await self._replier.send_error(incoming.reply, incoming.request_id,
                                        PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
-                                       incoming.fmt)
+                                       incoming.fmt, trace.headers)
+        trace.end(ErrorCode.INTERNAL)

@@ -28,6 +28,8 @@ from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
 from poolwire.actors.stats import StageStats
+from poolwire.actors.result_cache import Identity, ResultCache, fingerprint
+from poolwire.actors.tracing import Tracing
 from poolwire.actors.task_policy import (TaskPolicy, configured_task, score_task,
                                          score_uses_configured_task, supported_tasks)
 from poolwire.actors.validator import ModelLimits, ValidatorActor
@@ -66,7 +68,9 @@ class Worker:
         self.pipeline = pipeline_spec(settings, self.policy) if settings.pipeline_stream else None
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = StageStats()
+        self.tracing = Tracing.configure(settings.otlp_endpoint)
         self.metrics = WorkerMetrics()
+        self.cache = self._result_cache() if settings.cache_bucket else None
         self.metrics_port: int | None = None  # bound port of the metrics server, when serving
         self.discovery: Discovery | None = None
         self.nc = None
@@ -80,6 +84,14 @@ class Worker:
         # Set with a one-line reason when the worker is deaf beyond repair or its connection was
         # closed for good: the process should then exit non-zero (poolwire serve exits 4).
         self.failed: asyncio.Future[str] | None = None
+
+    def _result_cache(self) -> ResultCache:
+        s, model = self.settings, self.model
+        identity = Identity(model_files=fingerprint(model.path, model.revision),
+                            backend=self.backend.name, precision=self.precision.served,
+                            dtype=str(model.dtype).removeprefix("torch."),
+                            device=model.device.type)
+        return ResultCache(s.cache_bucket, identity, s.cache_ttl, s.cache_max_bytes, self.metrics)
 
     async def start(self, url: str, health_file=None) -> None:
         """Connect (NatsConnectError, one line, within nats_connect_timeout_s) and serve."""
@@ -106,18 +118,21 @@ class Worker:
         if not s.allow_mixed_queue:
             await self._refuse_mixed_queue()
         replier = Replier(self.nc, self.metrics)
+        if self.cache is not None:
+            await self.cache.start(self.nc)  # never fails: an absent bucket is warned about
         self.events = EventPublisher(self.nc, s.prefix, self.metrics)
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms, max_added_padding=self.max_added_padding,
             max_queued_tokens=s.max_queued_tokens), self.events,
-            self.stats, metrics=self.metrics, backend=self.backend)
+            self.stats, metrics=self.metrics, backend=self.backend, tracing=self.tracing,
+            cache=self.cache)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length,
                                      self.model.embedding_size, ModelFacts.of(self.model)),
             self.engine, replier, self.worker_id, self.stats)
         self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier, self.stats,
-                                  metrics=self.metrics)
+                                  metrics=self.metrics, tracing=self.tracing)
         # Subscribe before creating the events stream, and start the actors only once it exists:
         # requests that arrive meanwhile wait in the ingest mailbox, so every deprecation event
         # is kept. The other order (stream first) made nats-server 2.15 answer no-responders to
@@ -130,7 +145,7 @@ class Worker:
         self.supervisor.start_loop("engine-batches", self.engine.batch_loop,
                                    on_restart=self.engine.on_restart)
         self.intakes = await start_intakes(self.nc, s, self.pipeline, self.validator, replier,
-                                           self.engine, self.supervisor)
+                                           self.engine, self.supervisor, self.tracing)
         self.discovery = self._discovery(replier)
         await self.discovery.start()
         self.watchdog = Watchdog(self.nc, s.prefix, SelfCheck(
@@ -214,7 +229,8 @@ class Worker:
                     "last_error": replier.last_error, "processing_time": busy_ns,
                     "average_processing_time": busy_ns // requests if requests else 0,
                     "data": {**self.stats.snapshot(), "batching": self.batching_stats(),
-                             **{i.name: i.counters() for i in self.intakes}}}
+                             **{i.name: i.counters() for i in self.intakes},
+                             **({"cache": self.cache.counters()} if self.cache else {})}}
 
         return Discovery(self.nc, version=__version__, metadata=metadata,
                          description="poolwire: pooling models over NATS (PROTOCOL.md v1)",
@@ -254,8 +270,11 @@ class Worker:
             log.warning("drain timed out with %d messages still in flight", self.backlog)
         await self.supervisor.stop()
         self.metrics.close()
+        await asyncio.to_thread(self.tracing.shutdown)  # exports what is left; blocking I/O
         if self.engine is not None:
             await self.engine.close()
+        if self.cache is not None:
+            await self.cache.close()
         try:
             if self.nc.is_connected:
                 await asyncio.wait_for(self.nc.drain(), max(1.0, deadline - time.monotonic()))

@@ -270,11 +270,15 @@ async def operator_command(args) -> int:
     except NatsConnectError as exc:
         print(f"poolwire: {exc}", file=sys.stderr)
         return EXIT_NATS_UNAVAILABLE
+    from poolwire.refusals import PermissionRefusedError
     try:
         if args.command == "stats":
             return await operators.show_stats(nc, args.prefix, args.json)
         return await operators.tail_events(nc, args.prefix, "all" if args.all else None, since,
                                            args.count, args.timeout)
+    except PermissionRefusedError as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return EXIT_NATS_UNAVAILABLE
     finally:
         await close_quietly(nc)
 

@@ -1,6 +1,7 @@
 """PoolingClient: an async client for poolwire workers over NATS (PROTOCOL.md)."""
 
 import asyncio
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -10,7 +11,9 @@ from typing import Any
 import msgpack
 import nats.errors
 import nats.js.errors
+from opentelemetry import propagate
 
+from poolwire.cli_nats import CLIENT_CONNECTION_OPTIONS
 from poolwire.nats_connect import NatsOptions, close_quietly, connect
 from poolwire.refusals import watch
 from poolwire.schemas.codec import decode
@@ -37,6 +40,33 @@ def _check(frame: dict[str, Any]) -> dict[str, Any]:
     return frame
 
 
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
+
+def environment_options(given: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """NATS_URL, NATS_CREDS, NATS_USER, ...: the variables the CLI reads (the same table,
+    poolwire/cli_nats.py), each used only where the caller gave no value of its own."""
+    url, options = None, dict(given)
+    for option, env, _ in CLIENT_CONNECTION_OPTIONS:
+        value = os.environ.get(env)
+        if not value:
+            continue
+        name = option.removeprefix("--nats-").replace("-", "_")
+        if name == "url":
+            url = value
+        elif options.get(name) is None:
+            options[name] = value
+    return url, options
+
+
+def trace_headers(headers: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The caller's current span context as W3C headers (the OpenTelemetry API's global
+    propagator: nothing when the caller has no span, or no SDK is configured)."""
+    out = dict(headers or {})
+    propagate.inject(out)
+    return out or None
+
+
 # Request ids of answered durable jobs remembered to tell a repeated frame from a stray one;
 # bounded so a long-lived client does not grow without end.
 _ANSWERED_KEPT = 100_000
@@ -47,11 +77,21 @@ class PoolingClient:
 
     Given a URL (several comma-separated for a cluster) it opens its own connection, with the
     keyword options of poolwire.nats_connect.NatsOptions: creds, nkey, user, password, token,
-    ca, cert, key, inbox_prefix, connect_timeout_s, reconnect_wait_s. An unreachable server or
-    refused credentials raise NatsConnectError (one line) within connect_timeout_s."""
+    ca, cert, key, inbox_prefix, connect_timeout_s, reconnect_wait_s. An option not given is
+    read from its variable as the CLI does (NATS_CREDS, NATS_USER, NATS_PASSWORD, ...; the URL
+    from NATS_URL when none is given), unless `use_env=False`. An unreachable server or
+    refused credentials raise NatsConnectError (one line) within connect_timeout_s.
 
-    def __init__(self, nc_or_url: Any = "nats://127.0.0.1:4222", prefix: str = "pooling",
-                 timeout: float = 30.0, **connect_options: Any) -> None:
+    When the caller has a current OpenTelemetry span, every request and job carries its
+    context (`traceparent`), so a tracing worker continues the caller's trace."""
+
+    def __init__(self, nc_or_url: Any = None, prefix: str = "pooling",
+                 timeout: float = 30.0, use_env: bool = True, **connect_options: Any) -> None:
+        if nc_or_url is None or isinstance(nc_or_url, str):
+            env_url, options = environment_options(connect_options) if use_env \
+                else (None, connect_options)
+            connect_options = options
+            nc_or_url = nc_or_url or env_url or DEFAULT_URL
         self._nc_or_url = nc_or_url
         self._own = isinstance(nc_or_url, str)
         self._connect_options = NatsOptions.from_values(nc_or_url, **connect_options) \
@@ -106,7 +146,7 @@ class PoolingClient:
         subject = f"{self.prefix}.{task}"
         with watch(self.nc, subject):  # a subject the user may not publish to fails at once
             msg = await self.nc.request(subject, msgpack.packb(body, use_bin_type=True),
-                                        timeout=timeout or self.timeout)
+                                        timeout=timeout or self.timeout, headers=trace_headers())
         frame, _ = decode(msg.data)
         error = frame.get("error")
         if error and error.get("code") == "payload_too_large" and not body.get("stream"):
@@ -126,7 +166,8 @@ class PoolingClient:
         try:
             # Only the first wait can be refused: a frame back means the server took the publish.
             with watch(self.nc, subject):
-                await self.nc.publish(subject, msgpack.packb(body, use_bin_type=True), reply=inbox)
+                await self.nc.publish(subject, msgpack.packb(body, use_bin_type=True), reply=inbox,
+                                      headers=trace_headers())
                 msg = await sub.next_msg(timeout=timeout or self.timeout)
             while True:
                 frame, _ = decode(msg.data)
@@ -185,7 +226,7 @@ class PoolingClient:
 
     async def _publish_job(self, task: str, data: bytes, request_id: str, retry_s: float) -> None:
         subject = f"{self.prefix}.jobs.{task}"
-        headers = {"Pooling-Reply-To": self._jobs_inbox, "Nats-Msg-Id": request_id}
+        headers = trace_headers({"Pooling-Reply-To": self._jobs_inbox, "Nats-Msg-Id": request_id})
         js = self.nc.jetstream()
         deadline = time.monotonic() + retry_s
         while True:

@@ -11,6 +11,8 @@ from datetime import datetime, timedelta, timezone
 
 import msgpack
 
+from poolwire.refusals import watch
+
 SERVICE_NAME = "poolwire"  # the workers' NATS micro service name (actors/discovery.py)
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -41,7 +43,16 @@ def try_hint(task: str, prefix: str, url: str) -> str:
 
 
 STATS_COLUMNS = ("worker", "model", "task", "requests", "errors", "batches", "batch size",
-                 "padding", "forward s", "last error")
+                 "padding", "forward s", "cache hits", "last error")
+
+
+def cache_hit_rate(data: dict) -> str:
+    """`--cache-bucket` workers: the share of looked-up items served from the cache."""
+    cache = data.get("cache")
+    if not isinstance(cache, dict):
+        return "-"
+    looked = cache.get("hits", 0) + cache.get("misses", 0)
+    return f"{cache.get('hits', 0) / looked:.0%}" if looked else "0%"
 
 
 def _endpoints(answers: list[dict], prefix: str | None):
@@ -65,7 +76,7 @@ def stats_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str
             meta.get("configured_task", "?"), str(endpoint.get("num_requests", 0)),
             str(endpoint.get("num_errors", 0)), str(data.get("batches", 0)),
             f"{data.get('mean_batch_size', 0):.1f}", f"{data.get('padding_waste', 0):.0%}",
-            f"{(data.get('seconds') or {}).get('forward', 0):.1f}",
+            f"{(data.get('seconds') or {}).get('forward', 0):.1f}", cache_hit_rate(data),
             endpoint.get("last_error") or "-"))
     return sorted(rows)
 
@@ -100,14 +111,17 @@ async def collect_answers(nc, subject: str, idle: float = 0.5, first: float = 2.
     answers discovery on its own, and nc.request would keep only the first (NATS.md 3)."""
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
-    await nc.publish(subject, b"", reply=inbox)
     answers = []
     try:
+        # A subject (or reply inbox) the user may not use fails at once, not after `first`.
+        with watch(nc, subject):
+            await nc.publish(subject, b"", reply=inbox)
+            msg = await sub.next_msg(timeout=first)
         while True:
-            msg = await sub.next_msg(timeout=idle if answers else first)
             if not msg.data:  # the server's no-responders status (503): nobody is there
                 return answers
             answers.append(json.loads(msg.data))
+            msg = await sub.next_msg(timeout=idle)
     except asyncio.TimeoutError:
         return answers
     finally:
@@ -143,7 +157,8 @@ async def tail_events(nc, prefix: str, replay: str | None, since: datetime | Non
 
         js = nc.jetstream()
         try:
-            await js.find_stream_name_by_subject(subject)
+            with watch(nc, "$JS.API.STREAM.NAMES"):
+                await js.find_stream_name_by_subject(subject)
         except NotFoundError:
             print(f"poolwire: no stream keeps {subject}; showing new events only", file=sys.stderr)
             sub = await nc.subscribe(subject)
@@ -161,13 +176,15 @@ async def tail_events(nc, prefix: str, replay: str | None, since: datetime | Non
         sub = await nc.subscribe(subject)
     seen = 0
     try:
-        while not count or seen < count:
-            try:
-                msg = await sub.next_msg(timeout=idle_timeout)
-            except asyncio.TimeoutError:
-                return 0
-            print(json.dumps(msgpack.unpackb(msg.data, raw=False)), flush=True)
-            seen += 1
+        # A subscription the user may not make fails at once, not after the idle timeout.
+        with watch(nc, subject, subscription=True):
+            while not count or seen < count:
+                try:
+                    msg = await sub.next_msg(timeout=idle_timeout)
+                except asyncio.TimeoutError:
+                    return 0
+                print(json.dumps(msgpack.unpackb(msg.data, raw=False)), flush=True)
+                seen += 1
     finally:
         await sub.unsubscribe()
     return 0

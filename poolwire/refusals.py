@@ -58,6 +58,7 @@ class Refusals:
         # (nats-py subscribes once and keeps using it): later requests fail at once too.
         self.reply_refused: str | None = None
         self._publish: dict[str, set[_Waiter]] = {}  # by subject, lowercased
+        self._subscribe: dict[str, set[_Waiter]] = {}  # subscriptions watched, by subject
         self._waiting: set[_Waiter] = set()
 
     def notify(self, text: str) -> bool:
@@ -74,6 +75,13 @@ class Refusals:
                     f"(permissions violation); use credentials allowed to publish there "
                     f"({_FIX_CREDENTIALS}) or ask the operator to allow it"))
             return bool(waiting)
+        if waiting := self._subscribe.get(subject, set()):
+            for w in waiting:
+                w.refuse(PermissionRefusedError(
+                    f"the NATS server refused this user subscribing to {w.subject!r} "
+                    f"(permissions violation); use credentials allowed to subscribe there "
+                    f"({_FIX_CREDENTIALS}) or ask the operator to allow it"))
+            return True
         if subject.startswith(self.reply_prefix.lower() + "."):
             self.reply_refused = subject
             for w in self._waiting:
@@ -89,10 +97,11 @@ class Refusals:
             f"subscribe to, or ask the operator to allow {self.reply_prefix}.>")
 
     @contextlib.contextmanager
-    def watch(self, subject: str) -> Iterator[None]:
+    def watch(self, subject: str, subscription: bool = False) -> Iterator[None]:
         """While inside (awaiting a publish to `subject` and its reply, with no `yield` of an
         async generator in between), a refusal of `subject` or of the reply subscription
-        raises PermissionRefusedError at the await."""
+        raises PermissionRefusedError at the await. `subscription`: a refused subscription to
+        `subject` (rather than a publish) is what raises, as for `poolwire events`."""
         if self.reply_refused is not None:
             raise self.reply_error()
         task = asyncio.current_task()
@@ -100,7 +109,8 @@ class Refusals:
             raise RuntimeError("Refusals.watch needs a running asyncio task")
         w = _Waiter(task, subject)
         key = subject.lower()
-        self._publish.setdefault(key, set()).add(w)
+        by_subject = self._subscribe if subscription else self._publish
+        by_subject.setdefault(key, set()).add(w)
         self._waiting.add(w)
         try:
             yield
@@ -111,20 +121,20 @@ class Refusals:
             raise w.error from None
         finally:
             self._waiting.discard(w)
-            waiting = self._publish.get(key)
+            waiting = by_subject.get(key)
             if waiting is not None:
                 waiting.discard(w)
                 if not waiting:
-                    del self._publish[key]
+                    del by_subject[key]
 
 
 @contextlib.contextmanager
-def watch(nc: Any, subject: str) -> Iterator[None]:
+def watch(nc: Any, subject: str, subscription: bool = False) -> Iterator[None]:
     """Watch `subject` on a poolwire connection; on any other connection (one the caller made
     with nats-py itself) requests just wait for their timeout as before."""
     refusals = getattr(nc, "refusals", None)
     if refusals is None:
         yield
         return
-    with refusals.watch(subject):
+    with refusals.watch(subject, subscription):
         yield

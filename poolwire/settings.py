@@ -121,6 +121,20 @@ class WorkerSettings(BaseSettings):
         description="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port); none: off")
     metrics_host: str = Field(
         "127.0.0.1", description="address the metrics server binds (0.0.0.0 in a container)")
+    otlp_endpoint: str | None = Field(
+        None, description="export OpenTelemetry traces over OTLP/HTTP (protobuf) to this base URL "
+                          "(/v1/traces is added), e.g. http://127.0.0.1:4318; the standard "
+                          "OTEL_EXPORTER_OTLP_* and OTEL_SERVICE_NAME variables work too; none "
+                          "(and no OTEL_EXPORTER_OTLP_ENDPOINT): off")
+    cache_bucket: str | None = Field(
+        None, description="keep computed items in this JetStream key-value bucket (created if "
+                          "missing), shared by every worker naming it; none: no result cache")
+    cache_ttl: float = Field(
+        7 * 24 * 3600.0, ge=0, description="seconds a cached item is kept, when this worker "
+                                           "creates the bucket (0: for ever)")
+    cache_max_bytes: int = Field(
+        1 << 30, ge=-1, description="size of the bucket, when this worker creates it (-1: "
+                                    "unbounded); a full bucket drops its oldest items")
 
     @field_validator("max_added_padding", mode="before")
     @classmethod

@@ -55,11 +55,14 @@ class PoolingRequest(BaseModel):
         None, description="drop work still queued this many ms after the worker received it")
     priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] = Field(
         0, description="lower runs first among queued work")
+    cache: StrictBool = Field(
+        True, description="false: neither read nor write the worker's result cache for this "
+                          "request (no effect where no cache is configured)")
 
 
 COMMON_FIELDS = frozenset({
     "request_id", "truncate_prompt_tokens", "truncation_side", "encoding_format",
-    "embed_dtype", "stream", "deadline_ms", "priority",
+    "embed_dtype", "stream", "deadline_ms", "priority", "cache",
 })
 
 # Which keys each task accepts besides COMMON_FIELDS, and which of them it requires.

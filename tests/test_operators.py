@@ -55,12 +55,16 @@ def test_stats_rows_keep_one_prefix_and_read_as_a_table():
 
     answers = [answer("w2", "a", 9, "overloaded: full"), answer("w1", "a", 3), answer("w3", "b", 1)]
     rows = stats_rows(answers, "a")
-    assert rows == [("w1", "m", "embed", "3", "1", "4", "2.5", "6%", "1.2", "-"),
-                    ("w2", "m", "embed", "9", "1", "4", "2.5", "6%", "1.2", "overloaded: full")]
+    assert rows == [("w1", "m", "embed", "3", "1", "4", "2.5", "6%", "1.2", "-", "-"),
+                    ("w2", "m", "embed", "9", "1", "4", "2.5", "6%", "1.2", "-", "overloaded: full")]
     assert len(stats_rows(answers)) == 3
     lines = format_table(STATS_COLUMNS, rows).splitlines()
     assert lines[0].split()[:3] == ["worker", "model", "task"] and len(lines) == 3
     assert lines[2].index("overloaded") == lines[0].index("last error")  # columns line up
+    # A worker with a result cache shows its hit rate.
+    cached = answer("w4", "c", 5)
+    cached["endpoints"][0]["data"]["cache"] = {"hits": 30, "misses": 10}
+    assert stats_rows([cached])[0][STATS_COLUMNS.index("cache hits")] == "75%"
 
 
 async def run_cli(*args: str, timeout: float = 60) -> tuple[int, str, str]:
