@@ -22,12 +22,18 @@ from poolwire.actors.replier import Replier
 from poolwire.actors.reply_size import check_reply_fits, reply_room
 from poolwire.actors.runtime import Actor
 from poolwire.actors.stats import StageStats
-from poolwire.models.task_heads import TaskPlan, cosine_items, plan_task
+from poolwire.models.sparse_vector import SparseVector
+from poolwire.models.task_heads import TaskPlan, plan_task, reply_items
 from poolwire.models.tokenizing import Tokenizing
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
 
 log = logging.getLogger(__name__)
+
+
+def _item(value):
+    """An item's value for framing: an array, or a sparse model's SparseVector as it is."""
+    return value if isinstance(value, SparseVector) else np.asarray(value)
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,10 @@ class InFlight:
 
     @property
     def keeps_outputs(self) -> bool:
-        # A one-message reply needs every item; a bi-encoder score needs both sides of a pair.
-        return not self.job.request.stream or self.plan.pairs is not None
+        # A one-message reply needs every item; a bi-encoder score needs both sides of a pair;
+        # a rerank needs every score before the first item is known.
+        return (not self.job.request.stream or self.plan.pairs is not None
+                or self.plan.rerank is not None)
 
 
 class EngineActor(Actor):
@@ -64,8 +72,9 @@ class EngineActor(Actor):
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
                  mailbox_size: int = 4096, metrics: WorkerMetrics | None = None,
-                 backend: Backend | None = None) -> None:
+                 backend: Backend | None = None, score_method: str | None = None) -> None:
         super().__init__(mailbox_size)
+        self.score_method = score_method  # None: the model's own (task_heads.default_score_method)
         # How the model is computed is the backend's business (models/backend.py); the engine
         # only plans batches and hands them over.
         self.backend = backend or TorchBackend(model)
@@ -107,7 +116,8 @@ class EngineActor(Actor):
             # token-level ones: once tokenized, their size being their token count).
             check_reply_fits(job, None, self.model, self._replier.max_payload)
             with self.stats.timed("tokenize"):
-                plan = plan_task(job.task, job.request, self.model, self._tokenizing)
+                plan = plan_task(job.task, job.request, self.model, self._tokenizing,
+                                 self.score_method)
             check_reply_fits(job, plan, self.model, self._replier.max_payload)
             self._admit(plan)
         except PoolingError as err:
@@ -291,7 +301,7 @@ class EngineActor(Actor):
         token_level = job.task in TOKEN_LEVEL_TASKS
         for index, value in items:
             with self.stats.timed("encode"):
-                bodies = item_frames(job.request_id, index, np.asarray(value), flight.style,
+                bodies = item_frames(job.request_id, index, _item(value), flight.style,
                                      token_level, self._replier.max_payload, job.headers,
                                      flight.plan.extras(index, value))
             for body in bodies:
@@ -303,10 +313,7 @@ class EngineActor(Actor):
             flight.answered = True
             self._inflight.discard(flight)
             return
-        if plan.pairs is not None:
-            items = list(enumerate(cosine_items(plan, flight.outputs)))
-        else:
-            items = sorted(flight.outputs.items())
+        items = reply_items(plan, flight.outputs)
         labels = self.model.labels if job.task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None
         warnings = list(job.warnings) or None
         if job.request.stream:
@@ -316,7 +323,7 @@ class EngineActor(Actor):
                                   plan.prompt_tokens, flight.style, warnings, labels)
         else:
             with self.stats.timed("encode"):
-                wire = [wire_item(i, np.asarray(v), flight.style, extras=plan.extras(i, v))
+                wire = [wire_item(i, _item(v), flight.style, extras=plan.extras(i, v))
                         for i, v in items]
                 room, room_headers = reply_room(job, self._replier.max_payload)
                 body = one_reply(job.request_id, self.model.name, job.task.value, wire,

@@ -121,6 +121,8 @@ def estimate_reply(shapes: list[tuple[int, ...]], *, fmt: WireFormat, binary: bo
 def request_items(task: Task, request) -> int:
     """Items of a one-message reply, from a validated request, without tokenizing. Score
     sizes that do not pair up count as 0: the planner refuses them with invalid_request."""
+    if task is Task.SCORE and request.documents is not None:  # the rerank form
+        return min(request.top_n or len(request.documents), len(request.documents))
     if task is Task.SCORE:
         a = 1 if isinstance(request.text_1, str) else len(request.text_1)
         b = 1 if isinstance(request.text_2, str) else len(request.text_2)
@@ -183,6 +185,15 @@ def check_reply_fits(job, plan, model, max_payload: int) -> None:
             warnings=list(job.warnings) or None)
 
     binary = request.encoding_format == "binary"
+    if task is Task.EMBED and getattr(model, "sparse", None) is not None:
+        # A sparse item holds at most max_active_dims (else vocabulary-many) index/value pairs;
+        # as a float item of 2k + 8 values it is bounded in every encoding. Without
+        # max_active_dims that bound is the whole vocabulary, far past what trained sparse
+        # models emit, so only the exact check after the forward pass applies.
+        if request.max_active_dims is None:
+            return
+        shapes = [(2 * min(request.max_active_dims, model.embedding_size) + 8,)] * len(shapes)
+        binary = False
     first = estimate(binary)
     if not first.fits:
         remedy = job.reserve.remedy if job.reserve is not None else None
