@@ -132,8 +132,8 @@ def _pooling_method(pooling_dir: Path) -> str:
 def _read_dense(dense_dir: Path, token_rows: bool = False) -> DenseLayer:
     cfg_file = dense_dir / "config.json"
     cfg = json.loads(cfg_file.read_text())
-    expected = "token_embeddings" if token_rows else "sentence_embedding"
-    if cfg.get("module_input_name", expected) != expected:
+    # PyLate's Dense projects token rows whatever input name its config inherited.
+    if not token_rows and cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
         raise ValueError(f"{cfg_file}: a Dense module on {cfg['module_input_name']!r} is not "
                          f"supported; poolwire applies Dense modules to the pooled embedding")
     if cfg.get("use_residual"):
