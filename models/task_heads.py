@@ -11,7 +11,7 @@ from poolwire.models.model import LoadedModel, ModelKind
 from poolwire.models.model_fields import prompt_for
 from poolwire.models.ranking import maxsim, rank
 from poolwire.models.tokenizing import Tokenizing, TokenSeq, normalise_input
-from poolwire.schemas.errors import invalid
+from poolwire.schemas.errors import PoolingError, invalid
 from poolwire.schemas.requests import PoolingRequest
 from poolwire.schemas.tasks import Task
 
@@ -147,10 +147,12 @@ def default_score_method(model: LoadedModel) -> str:
     return ScoreMethod.DOT if model.sparse is not None else ScoreMethod.COSINE
 
 
-def _bi_encoder_spec(method: str, model: LoadedModel, request: PoolingRequest) -> PoolSpec:
+def _bi_encoder_spec(method: str, model: LoadedModel) -> PoolSpec:
     if method == ScoreMethod.MAXSIM:
-        # The deployment's own token_embed rows: Dense applied, normalised as it defaults.
-        return PoolSpec(Forward.HIDDEN, token_level=True, normalize=_normalize(model, request))
+        # The deployment's own token_embed rows as it returns them by default (Dense applied,
+        # normalised unless the folder says otherwise); use_activation never changes a
+        # bi-encoder's score, as it never changes the cosine.
+        return PoolSpec(Forward.HIDDEN, token_level=True, normalize=model.normalize_default)
     if method == ScoreMethod.DOT:
         return PoolSpec(Forward.MLM_LOGITS)
     return PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=True)
@@ -168,8 +170,13 @@ def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokeni
         return TaskPlan(seqs, PoolSpec(Forward.SEQ_LOGITS,
                                        activation=_activation(model, request.use_activation)),
                         rerank=rerank)
-    seqs = tokenizing.texts([prompt + t for t in [request.query] + docs], cut, side)
-    return TaskPlan(seqs, _bi_encoder_spec(method, model, request),
+    # Apart, so that a document's input_too_long `index` is its place in `documents`.
+    try:
+        query = tokenizing.texts([prompt + request.query], cut, side)
+    except PoolingError as err:
+        raise PoolingError(err.code, f"query: {err.message}", field="query", **err.extra) from None
+    seqs = query + tokenizing.texts([prompt + t for t in docs], cut, side)
+    return TaskPlan(seqs, _bi_encoder_spec(method, model),
                     pairs=[(0, j) for j in range(1, len(seqs))], pair_score=method,
                     rerank=rerank)
 
@@ -195,7 +202,7 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
         position = {t: i for i, t in enumerate(texts)}
         seqs = tokenizing.texts([prompt + t for t in texts], cut, side)
         pairs = [(position[x], position[y]) for x, y in zip(first, second)]
-        spec = _bi_encoder_spec(method, model, request)
+        spec = _bi_encoder_spec(method, model)
         return TaskPlan(seqs, spec, pairs=pairs, pair_score=method,
                         item_tokens=[len(seqs[i]) + len(seqs[j]) for i, j in pairs])
 

@@ -107,3 +107,12 @@ def test_score_method_and_embedding_kind_per_model_kind():
     assert [embedding_kind(k) for k in ("encoder", "sparse", "sequence_classification")] == \
         ["dense", "sparse", None]
     assert supported_tasks("sparse") == [Task.EMBED, Task.SCORE]
+
+
+def test_the_policy_and_the_planner_name_score_methods_alike():
+    from poolwire.models.task_heads import ScoreMethod
+
+    assert {score_method("encoder", 0, Task.EMBED), score_method("encoder", 0, Task.TOKEN_EMBED),
+            score_method("sparse", 0, Task.EMBED),
+            score_method("sequence_classification", 1, Task.CLASSIFY)} == {
+        ScoreMethod.COSINE, ScoreMethod.MAXSIM, ScoreMethod.DOT, ScoreMethod.CROSS_ENCODER}

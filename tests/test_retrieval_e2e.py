@@ -93,6 +93,16 @@ async def test_bi_encoder_rerank_equals_ranked_cosines_and_encodes_the_query_onc
         reply = await client.rerank(QUERY, DOCS, top_n=4, return_documents=True)
         sequences = worker.stats.sequences - before
         described = worker.describe()
+        long = "word " * 300  # over MiniLM's 256 tokens
+        with pytest.raises(PoolingServiceError) as doc_error:
+            await client.rerank(QUERY, DOCS[:2] + [long])
+        with pytest.raises(PoolingServiceError) as query_error:
+            await client.rerank(long, DOCS[:2])
+        cut = await client.rerank(long, DOCS[:2], truncate_prompt_tokens=-1)
+    # A document's input_too_long names its place in `documents`; the query's says so.
+    assert doc_error.value.error["code"] == "input_too_long" and doc_error.value.error["index"] == 2
+    assert query_error.value.error["message"].startswith("query: ")
+    assert query_error.value.error["field"] == "query" and len(cut["data"]) == 2
     assert [i for i, _ in ranked(reply)] == want[:4]
     close([s for _, s in ranked(reply)], cosines[want[:4]])
     assert [x["document"] for x in reply["data"]] == [DOCS[i] for i in want[:4]]
@@ -256,3 +266,27 @@ def test_binary_sparse_item_is_msgpack_bytes():
     assert msgpack.unpackb(msgpack.packb(item))["indices"] == item["indices"]
     assert wire_item(0, v, ReplyStyle(WireFormat.JSON, False, "float32"))["data"] == \
         {"indices": [2, 7], "values": [0.5, 1.5]}
+
+
+async def test_a_pipeline_result_holds_the_sparse_item_as_is(zoo, zoo_dirs, start_worker, nc,
+                                                            prefix):
+    from nats.js.api import StreamConfig
+
+    want = sparse_reference(zoo_dirs["splade_max"]).encode(TEXTS[1:2]).to_dense()[0]
+    root = prefix.replace(".", "_")
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=f"{root}_DOCS", subjects=[f"{root}.in.>"]))
+    await js.add_stream(StreamConfig(name=f"{root}_OUT", subjects=[f"{root}.out.>"]))
+    results = await nc.subscribe(f"{root}.out.>")
+    try:
+        async with start_worker(zoo("splade_max"), pipeline_stream=f"{root}_DOCS",
+                                pipeline_input=f"{root}.in", pipeline_output=f"{root}.out",
+                                pipeline_id_field="id", durable_ack_wait_s=1.0):
+            await js.publish(f"{root}.in.7", msgpack.packb({"id": "doc-7", "text": TEXTS[1]}))
+            msg = await results.next_msg(timeout=30)
+    finally:
+        for stream in (f"{root}_DOCS", f"{root}_OUT"):
+            await js.delete_stream(stream)
+    result = msgpack.unpackb(msg.data)
+    assert msg.subject == f"{root}.out.7" and result["doc_id"] == "doc-7"
+    check_sparse(result["data"][0]["data"], want)
