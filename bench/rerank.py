@@ -11,8 +11,8 @@ bundled all-MiniLM-L6-v2 encoder (its six trained layers under a seeded, untrain
 head, as bench/classifier.py builds its classifier), so the forward passes cost what a MiniLM
 cross-encoder's do; its scores mean nothing, the two sides' must only agree. The documents are
 the benchmark workload's (bench/workload.py: 70% short sentences, 30% passages of 60-200 words).
-Both sides run float32 (`--precision exact`) on the same threads of this process, one after the
-other, each warmed up first; the worker is in-process (actors/worker.py) against a nats-server
+Both sides run float32 (`--precision exact`) on the same threads of this process, each warmed
+up first, their timed runs alternating (so load from elsewhere falls on both alike); the worker is in-process (actors/worker.py) against a nats-server
 this run starts. Prints markdown: the table, the command, and whether both sides ranked alike.
 Numbers to compare, never assertions: on a shared machine they are noisy; the ratio, measured
 in one run, is what to read.
@@ -85,23 +85,13 @@ def _summary(name: str, n_docs: int, seconds: list[float], peer_p50: float | Non
             "vs_rank": p50 / peer_p50 if peer_p50 else 1.0}
 
 
-def run_inprocess(folder: Path, docs: list[str], reps: int, warmup: int, batch_size: int):
-    from sentence_transformers import CrossEncoder
-
-    model = CrossEncoder(str(folder), device="cpu")
-    for _ in range(warmup):
-        model.rank(QUERY, docs, batch_size=batch_size)
-    seconds, result = [], None
-    for _ in range(reps):
-        started = time.perf_counter()
-        result = model.rank(QUERY, docs, batch_size=batch_size)
-        seconds.append(time.perf_counter() - started)
-    return seconds, [(r["corpus_id"], float(r["score"])) for r in result]
-
-
-async def run_poolwire(folder: Path, docs: list[str], reps: int, warmup: int,
-                       worker_options: dict):
+async def run_both(folder: Path, docs: list[str], reps: int, warmup: int, batch_size: int,
+                   worker_options: dict):
+    """Timed reranks of both sides, alternating rep by rep, so that load from elsewhere on the
+    machine falls on both alike. The in-process rank blocks the event loop while it runs; no
+    request is in flight then, so the worker has nothing to do meanwhile."""
     import nats
+    from sentence_transformers import CrossEncoder
 
     from poolwire.actors.nats_server import NatsServer
     from poolwire.actors.worker import Worker
@@ -109,6 +99,7 @@ async def run_poolwire(folder: Path, docs: list[str], reps: int, warmup: int,
     from poolwire.models.model import load_model
     from poolwire.settings import WorkerSettings
 
+    peer = CrossEncoder(str(folder), device="cpu")
     model = load_model(folder)
     with NatsServer() as server:
         worker = Worker(WorkerSettings(prefix=PREFIX, precision="exact", **worker_options), model)
@@ -117,16 +108,21 @@ async def run_poolwire(folder: Path, docs: list[str], reps: int, warmup: int,
         try:
             client = PoolingClient(nc, prefix=PREFIX, timeout=600)
             for _ in range(warmup):
+                peer.rank(QUERY, docs, batch_size=batch_size)
                 await client.rerank(QUERY, docs)
-            seconds, reply = [], None
+            peer_s, ours_s, peer_result, reply = [], [], None, None
             for _ in range(reps):
                 started = time.perf_counter()
+                peer_result = peer.rank(QUERY, docs, batch_size=batch_size)
+                peer_s.append(time.perf_counter() - started)
+                started = time.perf_counter()
                 reply = await client.rerank(QUERY, docs)
-                seconds.append(time.perf_counter() - started)
+                ours_s.append(time.perf_counter() - started)
         finally:
             await nc.close()
             await worker.stop()
-    return seconds, [(d["index"], float(d["data"])) for d in reply["data"]]
+    return (peer_s, [(r["corpus_id"], float(r["score"])) for r in peer_result],
+            ours_s, [(d["index"], float(d["data"])) for d in reply["data"]])
 
 
 def table(rows: list[dict]) -> str:
@@ -164,11 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     worker_options = {"max_batch_tokens": args.max_batch_tokens} if args.max_batch_tokens else {}
     with tempfile.TemporaryDirectory(prefix="poolwire-rerank-") as tmp:
         folder = args.model or build_cross_encoder(Path(tmp) / "cross-encoder")
-        _log(f"CrossEncoder.rank in-process: {args.documents} documents x {args.reps}")
-        peer_s, peer_ranking = run_inprocess(folder, docs, args.reps, args.warmup, args.batch_size)
-        _log(f"poolwire rerank over NATS: {args.documents} documents x {args.reps}")
-        ours_s, ours_ranking = asyncio.run(run_poolwire(folder, docs, args.reps, args.warmup,
-                                                        worker_options))
+        _log(f"CrossEncoder.rank in-process and poolwire rerank over NATS, alternating: "
+             f"{args.documents} documents x {args.reps} each")
+        peer_s, peer_ranking, ours_s, ours_ranking = asyncio.run(run_both(
+            folder, docs, args.reps, args.warmup, args.batch_size, worker_options))
     peer = _summary("CrossEncoder.rank (in-process)", args.documents, peer_s, None)
     ours = _summary("poolwire rerank (NATS, one request)", args.documents, ours_s,
                     statistics.median(peer_s))
