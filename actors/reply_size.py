@@ -11,7 +11,7 @@ check in framing.one_reply for its size (that check stays as the backstop):
 - everything around the items (request_id, model, task, usage, labels, warnings) is encoded
   for real, with the largest token count the usage could hold."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from poolwire.actors.framing import header_bytes
@@ -133,6 +133,15 @@ def request_items(task: Task, request) -> int:
     return len(value)
 
 
+def documents_bytes(request, fmt: WireFormat) -> int:
+    """What `document` adds to a rerank reply (return_documents): at most the top_n largest
+    documents, each with its key."""
+    if not request.return_documents or request.documents is None:
+        return 0
+    sizes = sorted((len(encode({"document": d}, fmt)) for d in request.documents), reverse=True)
+    return sum(sizes[:request.top_n or len(sizes)])
+
+
 def too_large(estimate: ReplyEstimate, max_payload: int,
               as_binary: ReplyEstimate | None = None, remedy: str | None = None) -> PoolingError:
     """payload_too_large with the numbers and the remedy; `as_binary` is the same reply in
@@ -176,13 +185,16 @@ def check_reply_fits(job, plan, model, max_payload: int) -> None:
 
     room, headers = reply_room(job, max_payload)
 
+    documents = documents_bytes(request, job.fmt)
+
     def estimate(binary: bool) -> ReplyEstimate:
-        return estimate_reply(
+        found = estimate_reply(
             shapes, fmt=job.fmt, binary=binary, dtype=request.embed_dtype,
             request_id=job.request_id, model=model.name, task=task.value,
             max_payload=room, header_bytes=header_bytes(headers),
             labels=model.labels if task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None,
             warnings=list(job.warnings) or None)
+        return replace(found, bytes=found.bytes + documents) if documents else found
 
     binary = request.encoding_format == "binary"
     if task is Task.EMBED and getattr(model, "sparse", None) is not None:

@@ -112,7 +112,7 @@ class PoolingClient:
         if error and error.get("code") == "payload_too_large" and not body.get("stream"):
             request_id = body.get("request_id") or uuid.uuid4().hex
             frames = [f async for f in self.stream(task, {**body, "request_id": request_id}, timeout)]
-            return assemble_stream(frames, request_id)
+            return assemble_stream(frames, request_id, ranked="query" in body)
         return _check(frame)
 
     async def stream(self, task: str, body: dict[str, Any],

@@ -116,3 +116,21 @@ def test_the_policy_and_the_planner_name_score_methods_alike():
             score_method("sparse", 0, Task.EMBED),
             score_method("sequence_classification", 1, Task.CLASSIFY)} == {
         ScoreMethod.COSINE, ScoreMethod.MAXSIM, ScoreMethod.DOT, ScoreMethod.CROSS_ENCODER}
+
+
+def test_a_streamed_rerank_is_assembled_in_rank_order_with_documents_and_sparse_indices():
+    """The client's fallback when a one-message reply would be too large (payload_too_large):
+    the stream's frames become the one reply, ranked items in the order they came."""
+    from poolwire.whole_reply import assemble_stream
+
+    frames = [{"request_id": "r", "index": 2, "data": 0.9, "document": "c"},
+              {"request_id": "r", "index": 0, "data": 0.4, "document": "a"},
+              {"request_id": "r", "done": True, "model": "m", "task": "score",
+               "usage": {"prompt_tokens": 9, "total_tokens": 9}}]
+    reply = assemble_stream(frames, "r", ranked=True)
+    assert reply["data"] == [{"index": 2, "data": 0.9, "document": "c"},
+                             {"index": 0, "data": 0.4, "document": "a"}]
+    assert [d["index"] for d in assemble_stream(frames, "r")["data"]] == [0, 2]
+    sparse = [{"request_id": "r", "index": 0, "dtype": "float32", "shape": [10],
+               "indices": b"\x01\x00\x00\x00", "bytes": b"\x00\x00\x80\x3f"}, frames[-1]]
+    assert assemble_stream(sparse, "r")["data"][0]["indices"] == b"\x01\x00\x00\x00"

@@ -290,3 +290,32 @@ async def test_a_pipeline_result_holds_the_sparse_item_as_is(zoo, zoo_dirs, star
     result = msgpack.unpackb(msg.data)
     assert msg.subject == f"{root}.out.7" and result["doc_id"] == "doc-7"
     check_sparse(result["data"][0]["data"], want)
+
+
+async def test_a_rerank_too_big_for_one_message_comes_whole_and_ranked(minilm, start_worker):
+    """Over max_payload with its documents, the reply is refused before compute and the client
+    takes it as a stream: the same ranking, documents included."""
+    import nats
+
+    from poolwire.actors.nats_server import NatsServer
+
+    docs = [f"{d} {i}" for i, d in enumerate(DOCS * 10)]
+    # Room for the request (the documents once), not for the reply (the documents again, with
+    # an index and a score each).
+    request = msgpack.packb({"query": QUERY, "documents": docs, "return_documents": True,
+                             "request_id": "x" * 32})
+    with NatsServer(max_payload=len(request) + 512) as server:
+        nc = await nats.connect(server.url)
+        try:
+            async with start_worker(minilm, url=server.url) as worker:
+                client = PoolingClient(nc, prefix=worker.settings.prefix)
+                before = worker.stats.sequences
+                whole = await client.rerank(QUERY, docs, return_documents=True)
+                computed = worker.stats.sequences - before
+                bare = await client.rerank(QUERY, docs)
+        finally:
+            await nc.close()
+    assert [d["index"] for d in whole["data"]] == [d["index"] for d in bare["data"]]
+    assert [d["document"] for d in whole["data"]] == [docs[d["index"]] for d in bare["data"]]
+    assert [d["data"] for d in whole["data"]] == [d["data"] for d in bare["data"]]
+    assert computed == 1 + len(docs)  # refused from the estimate, computed once as a stream
