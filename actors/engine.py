@@ -23,12 +23,18 @@ from poolwire.actors.reply_size import check_reply_fits, reply_room
 from poolwire.actors.runtime import Actor
 from poolwire.actors.stats import StageStats
 from poolwire.actors.tracing import OFF, Tracing, trace_of
-from poolwire.models.task_heads import TaskPlan, cosine_items, plan_task
+from poolwire.models.sparse_vector import SparseVector
+from poolwire.models.task_heads import TaskPlan, plan_task, reply_items
 from poolwire.models.tokenizing import Tokenizing
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
 
 log = logging.getLogger(__name__)
+
+
+def _item(value):
+    """An item's value for framing: an array, or a sparse model's SparseVector as it is."""
+    return value if isinstance(value, SparseVector) else np.asarray(value)
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,10 @@ class InFlight:
 
     @property
     def keeps_outputs(self) -> bool:
-        # A one-message reply needs every item; a bi-encoder score needs both sides of a pair.
-        return not self.job.request.stream or self.plan.pairs is not None
+        # A one-message reply needs every item; a bi-encoder score needs both sides of a pair;
+        # a rerank needs every score before the first item is known.
+        return (not self.job.request.stream or self.plan.pairs is not None
+                or self.plan.rerank is not None)
 
 
 class EngineActor(Actor):
@@ -69,9 +77,10 @@ class EngineActor(Actor):
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
                  mailbox_size: int = 4096, metrics: WorkerMetrics | None = None,
-                 backend: Backend | None = None, tracing: Tracing = OFF,
-                 cache=None) -> None:
+                 backend: Backend | None = None, score_method: str | None = None,
+                 tracing: Tracing = OFF, cache=None) -> None:
         super().__init__(mailbox_size)
+        self.score_method = score_method  # None: the model's own (task_heads.default_score_method)
         self._tracing = tracing
         self._cache = cache  # a ResultCache, or None
         # How the model is computed is the backend's business (models/backend.py); the engine
@@ -124,7 +133,7 @@ class EngineActor(Actor):
             else:
                 with self.stats.timed("tokenize"), trace.stage("tokenize"):
                     plan = plan_task(job.task, cached.request if cached else job.request,
-                                     self.model, self._tokenizing)
+                                     self.model, self._tokenizing, self.score_method)
                 if cached is not None:
                     plan = cached.plan(plan)
             check_reply_fits(job, plan, self.model, self._replier.max_payload)
@@ -349,7 +358,7 @@ class EngineActor(Actor):
         token_level = job.task in TOKEN_LEVEL_TASKS
         for index, value in items:
             with self.stats.timed("encode"):
-                bodies = item_frames(job.request_id, index, np.asarray(value), flight.style,
+                bodies = item_frames(job.request_id, index, _item(value), flight.style,
                                      token_level, self._replier.max_payload, job.headers,
                                      flight.plan.extras(index, value))
             for body in bodies:
@@ -362,10 +371,7 @@ class EngineActor(Actor):
             self._inflight.discard(flight)
             trace_of(job).end()
             return
-        if plan.pairs is not None:
-            items = list(enumerate(cosine_items(plan, flight.outputs)))
-        else:
-            items = sorted(flight.outputs.items())
+        items = reply_items(plan, flight.outputs)
         labels = self.model.labels if job.task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None
         warnings = list(job.warnings) or None
         if job.request.stream:
@@ -375,7 +381,7 @@ class EngineActor(Actor):
                                   plan.prompt_tokens, flight.style, warnings, labels)
         else:
             with self.stats.timed("encode"):
-                wire = [wire_item(i, np.asarray(v), flight.style, extras=plan.extras(i, v))
+                wire = [wire_item(i, _item(v), flight.style, extras=plan.extras(i, v))
                         for i, v in items]
                 room, room_headers = reply_room(job, self._replier.max_payload)
                 body = one_reply(job.request_id, self.model.name, job.task.value, wire,

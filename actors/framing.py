@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from poolwire.models.sparse_vector import SparseVector
 from poolwire.schemas.codec import WireFormat, encode
 from poolwire.schemas.errors import ErrorCode, PoolingError
 
@@ -40,7 +41,9 @@ def wire_item(index: int, values: np.ndarray, style: ReplyStyle,
     """One item (or a slice of token rows) as PROTOCOL.md shapes it; `extras` (tokens,
     offsets, entities) are added as they are."""
     item: dict[str, Any] = {"index": index}
-    if style.binary:
+    if isinstance(values, SparseVector):
+        item.update(_sparse_wire(values, style))
+    elif style.binary:
         if style.dtype == "bfloat16":
             raw = _bfloat16_bytes(values)
         else:
@@ -53,6 +56,19 @@ def wire_item(index: int, values: np.ndarray, style: ReplyStyle,
     if extras:
         item.update(extras)
     return item
+
+
+def _sparse_wire(values: SparseVector, style: ReplyStyle) -> dict[str, Any]:
+    """PROTOCOL.md 1.2: `{data: {indices, values}}`, or in binary `{dtype, shape: [V],
+    indices: uint32 bytes, bytes: the values}`."""
+    if not style.binary:
+        return {"data": values.wire()}
+    if style.dtype == "bfloat16":
+        raw = _bfloat16_bytes(values.values)
+    else:
+        raw = values.values.astype("<f2" if style.dtype == "float16" else "<f4").tobytes()
+    return {"dtype": style.dtype, "shape": [values.size],
+            "indices": values.indices.astype("<u4").tobytes(), "bytes": raw}
 
 
 def _rows_extras(extras: dict[str, Any] | None, offset: int, count: int) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ check in framing.one_reply for its size (that check stays as the backstop):
 - everything around the items (request_id, model, task, usage, labels, warnings) is encoded
   for real, with the largest token count the usage could hold."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from poolwire.actors.framing import header_bytes
@@ -121,6 +121,8 @@ def estimate_reply(shapes: list[tuple[int, ...]], *, fmt: WireFormat, binary: bo
 def request_items(task: Task, request) -> int:
     """Items of a one-message reply, from a validated request, without tokenizing. Score
     sizes that do not pair up count as 0: the planner refuses them with invalid_request."""
+    if task is Task.SCORE and request.documents is not None:  # the rerank form
+        return min(request.top_n or len(request.documents), len(request.documents))
     if task is Task.SCORE:
         a = 1 if isinstance(request.text_1, str) else len(request.text_1)
         b = 1 if isinstance(request.text_2, str) else len(request.text_2)
@@ -129,6 +131,15 @@ def request_items(task: Task, request) -> int:
     if isinstance(value, str) or (value and isinstance(value[0], int)):
         return 1  # one text, or one list of token ids
     return len(value)
+
+
+def documents_bytes(request, fmt: WireFormat) -> int:
+    """What `document` adds to a rerank reply (return_documents): at most the top_n largest
+    documents, each with its key."""
+    if not request.return_documents or request.documents is None:
+        return 0
+    sizes = sorted((len(encode({"document": d}, fmt)) for d in request.documents), reverse=True)
+    return sum(sizes[:request.top_n or len(sizes)])
 
 
 def too_large(estimate: ReplyEstimate, max_payload: int,
@@ -174,15 +185,27 @@ def check_reply_fits(job, plan, model, max_payload: int) -> None:
 
     room, headers = reply_room(job, max_payload)
 
+    documents = documents_bytes(request, job.fmt)
+
     def estimate(binary: bool) -> ReplyEstimate:
-        return estimate_reply(
+        found = estimate_reply(
             shapes, fmt=job.fmt, binary=binary, dtype=request.embed_dtype,
             request_id=job.request_id, model=model.name, task=task.value,
             max_payload=room, header_bytes=header_bytes(headers),
             labels=model.labels if task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None,
             warnings=list(job.warnings) or None)
+        return replace(found, bytes=found.bytes + documents) if documents else found
 
     binary = request.encoding_format == "binary"
+    if task is Task.EMBED and getattr(model, "sparse", None) is not None:
+        # A sparse item holds at most max_active_dims (else vocabulary-many) index/value pairs;
+        # as a float item of 2k + 8 values it is bounded in every encoding. Without
+        # max_active_dims that bound is the whole vocabulary, far past what trained sparse
+        # models emit, so only the exact check after the forward pass applies.
+        if request.max_active_dims is None:
+            return
+        shapes = [(2 * min(request.max_active_dims, model.embedding_size) + 8,)] * len(shapes)
+        binary = False
     first = estimate(binary)
     if not first.fits:
         remedy = job.reserve.remedy if job.reserve is not None else None

@@ -10,8 +10,10 @@ from poolwire.schemas.tasks import Task, in_protocol_order
 #   base encoder / Sentence-Transformers : embed, token_embed, score (cosine of embeddings)
 #   *ForSequenceClassification           : classify, token_classify, + score if one label
 #   *ForTokenClassification              : token_classify
+#   SparseEncoder (masked LM + SPLADE)   : embed (sparse items), score (dot product)
 _BY_KIND = {
     "encoder": (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
+    "sparse": (Task.EMBED, Task.SCORE),
     "sequence_classification": (Task.CLASSIFY, Task.TOKEN_CLASSIFY),
     "token_classification": (Task.TOKEN_CLASSIFY,),
 }
@@ -80,6 +82,8 @@ class TaskPolicy:
     # The task score is computed with (None where score is unsupported): a deprecated score
     # request's hint names it, since `--task score` is refused at start.
     score_computed_with: Task | None = None
+    # How score is computed (discovery's `score_method`; None where score is unsupported).
+    score_method: str | None = None
 
     def worker_task_for(self, requested: Task) -> Task:
         """The --task of a worker that would serve `requested` without a deprecation."""
@@ -96,13 +100,36 @@ class TaskPolicy:
 
 
 def score_task(kind: str) -> Task:
-    """The task a score request is computed with: embed (cosine) on an encoder, classify on a
-    one-label cross-encoder."""
-    return Task.EMBED if kind == "encoder" else Task.CLASSIFY
+    """The task a score request is computed with: embed (cosine) on an encoder, embed (dot
+    product) on a sparse model, classify on a one-label cross-encoder."""
+    return Task.EMBED if kind in ("encoder", "sparse") else Task.CLASSIFY
 
 
 def score_uses_configured_task(kind: str, num_labels: int, configured: Task) -> bool:
-    """Score is cosine of embed vectors, or a one-label classify cross-encoder."""
+    """Score is cosine of embed vectors, MaxSim of token_embed rows (late interaction), the dot
+    product of sparse embed vectors, or a one-label classify cross-encoder."""
     if kind == "encoder":
+        return configured in (Task.EMBED, Task.TOKEN_EMBED)
+    if kind == "sparse":
         return configured is Task.EMBED
     return kind == "sequence_classification" and num_labels == 1 and configured is Task.CLASSIFY
+
+
+def score_method(kind: str, num_labels: int, configured: Task) -> str | None:
+    """PROTOCOL.md 1.2 `score_method`: `cross-encoder` for a one-label classifier, `dot` for a
+    sparse model, `maxsim` in an encoder's token_embed deployment (late interaction), else
+    `cosine`; None where the model cannot score."""
+    if kind == "sequence_classification":
+        return "cross-encoder" if num_labels == 1 else None
+    if kind == "sparse":
+        return "dot"
+    if kind == "encoder":
+        return "maxsim" if configured is Task.TOKEN_EMBED else "cosine"
+    return None
+
+
+def embedding_kind(kind: str) -> str | None:
+    """PROTOCOL.md 1.2 `embedding_kind` of embed items: `sparse` or `dense`; None without embed."""
+    if kind == "sparse":
+        return "sparse"
+    return "dense" if Task.EMBED in _BY_KIND.get(kind, ()) else None

@@ -30,7 +30,8 @@ from poolwire.actors.runtime import Supervisor
 from poolwire.actors.stats import StageStats
 from poolwire.actors.result_cache import Identity, ResultCache, fingerprint
 from poolwire.actors.tracing import Tracing
-from poolwire.actors.task_policy import (TaskPolicy, configured_task, score_task,
+from poolwire.actors.task_policy import (TaskPolicy, configured_task, embedding_kind,
+                                         score_method, score_task,
                                          score_uses_configured_task, supported_tasks)
 from poolwire.actors.validator import ModelLimits, ValidatorActor
 from poolwire.schemas.tasks import Task
@@ -47,7 +48,19 @@ def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
                       multitask=settings.multitask,
                       score_with_configured=score_uses_configured_task(
                           model.kind, model.num_labels, configured),
-                      score_computed_with=score_task(model.kind) if Task.SCORE in supported else None)
+                      score_computed_with=score_task(model.kind) if Task.SCORE in supported else None,
+                      score_method=score_method(model.kind, model.num_labels, configured))
+
+
+def _retrieval_metadata(model: LoadedModel, policy: TaskPolicy) -> dict[str, str]:
+    """PROTOCOL.md 1.2: `embedding_kind` where the model embeds, `score_method` where it scores."""
+    out = {}
+    kind = embedding_kind(model.kind)
+    if kind is not None and Task.EMBED in policy.supported:
+        out["embedding_kind"] = kind
+    if policy.score_method is not None and Task.SCORE in policy.supported:
+        out["score_method"] = policy.score_method
+    return out
 
 
 class Worker:
@@ -125,8 +138,8 @@ class Worker:
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms, max_added_padding=self.max_added_padding,
             max_queued_tokens=s.max_queued_tokens), self.events,
-            self.stats, metrics=self.metrics, backend=self.backend, tracing=self.tracing,
-            cache=self.cache)
+            self.stats, metrics=self.metrics, backend=self.backend,
+            score_method=self.policy.score_method, tracing=self.tracing, cache=self.cache)
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length,
                                      self.model.embedding_size, ModelFacts.of(self.model)),
@@ -204,7 +217,8 @@ class Worker:
                 "model_revision": model.revision,
                 "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
                 "precision": self.precision.served,  # "exact" or "fast", as served
-                "backend": self.backend.name}
+                "backend": self.backend.name,
+                **_retrieval_metadata(model, policy)}
 
     def _start_metrics(self) -> None:
         engine = self.engine

@@ -30,7 +30,7 @@ class Backend(Protocol):
             types: torch.Tensor) -> torch.Tensor:
         """The model's outputs for one right-padded batch ([B, T] ids, mask and segment ids):
         HIDDEN [B, T, H] last hidden states, SEQ_LOGITS [B, labels], TOKEN_LOGITS
-        [B, T, labels]; any float dtype (pooling accumulates in float32)."""
+        [B, T, labels], MLM_LOGITS [B, T, vocabulary] (sparse models); any float dtype (pooling accumulates in float32)."""
 
     def describe(self) -> str:
         """One phrase for the start-up line: which backend, in which arithmetic."""
@@ -57,6 +57,8 @@ class TorchBackend:
                 return model.encoder_hidden(ids, mask, types)     # [B, T, H]
             if forward == Forward.SEQ_LOGITS:
                 return model.head_logits(ids, mask, types)        # [B, labels]
+            if forward == Forward.MLM_LOGITS:
+                return model.mlm_logits(ids, mask, types)         # [B, T, vocabulary]
             return model.token_logits(ids, mask, types)           # [B, T, labels]
 
     def describe(self) -> str:

@@ -12,6 +12,7 @@ import torch
 from poolwire import kernels
 from poolwire.models.backend import Backend
 from poolwire.models.model import LoadedModel
+from poolwire.models.sparse import sparse_items
 from poolwire.models.task_heads import Forward, PoolSpec
 from poolwire.models.tokenizing import TokenSeq
 
@@ -89,6 +90,8 @@ def _pool(model: LoadedModel, spec: PoolSpec, out: torch.Tensor,
         rows = kernels.token_pool(model.project(out), lengths, normalize=spec.normalize,
                                   dimensions=spec.dimensions)
         return _split_rows(rows, lengths)
+    if spec.forward == Forward.MLM_LOGITS:
+        return sparse_items(model.sparse, out, lengths, spec.max_active_dims, spec.normalize)
     if spec.forward == Forward.SEQ_LOGITS:
         scores = kernels.activation(out.float(), spec.activation)   # [B, labels]
         return list(scores.cpu().numpy())

@@ -16,6 +16,7 @@ import torch
 
 from poolwire.models.model_source import LOCAL_REVISION, resolve_model_source
 from poolwire.models.per_token_head import TokenHead, per_token_head
+from poolwire.models.sparse import SpladeConfig  # noqa: F401 (the `sparse` field's type)
 from poolwire.models.st_folder import (SentenceTransformersConfig,  # noqa: F401 (re-exported)
                                        read_sentence_transformers_config)
 
@@ -35,6 +36,7 @@ class ModelKind:
     ENCODER = "encoder"                      # base encoder or Sentence-Transformers model
     SEQUENCE_CLASSIFICATION = "sequence_classification"
     TOKEN_CLASSIFICATION = "token_classification"
+    SPARSE = "sparse"                        # a SparseEncoder folder (masked LM + SpladePooling)
 
 
 def kind_of_architecture(architecture: str) -> str:
@@ -111,6 +113,8 @@ class LoadedModel:
     token_head: TokenHead | None = None  # a sequence classifier's head applied per token
     takes_token_types: bool = True      # the module's forward accepts token_type_ids
     decoder: bool = False               # decoder-only (causal) language model
+    sparse: "SpladeConfig | None" = None  # a sparse model's SpladePooling (models/sparse.py)
+    late_interaction: bool = False      # a ColBERT folder in PyLate's layout
     # Forward-pass costs measured in this process, by precision (actors/batch_cost.py).
     batch_costs: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -152,6 +156,11 @@ class LoadedModel:
         base = self.module if self.kind == ModelKind.ENCODER else self.module.base_model
         out = base(**self._inputs(input_ids, attention_mask, token_type_ids))
         return out.last_hidden_state
+
+    def mlm_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """A sparse model's masked-LM logits [B, T, vocabulary]."""
+        return self.module(**self._inputs(input_ids, attention_mask, token_type_ids)).logits
 
     def head_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -208,7 +217,8 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
                dtype: str = "float32") -> LoadedModel:
     """Load a model from a local folder, or a hub id through the Hugging Face cache, onto
     `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16)."""
-    from transformers import (AutoConfig, AutoModel, AutoModelForSequenceClassification,
+    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM,
+                              AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
 
     if dtype not in DTYPES:
@@ -217,12 +227,13 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
     path = source.path
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     architecture = (config.architectures or [type(config).__name__])[0]
-    kind = kind_of_architecture(architecture)
+    st = read_sentence_transformers_config(path) or SentenceTransformersConfig()
+    kind = ModelKind.SPARSE if st.splade is not None else kind_of_architecture(architecture)
     loader = {ModelKind.ENCODER: AutoModel,
               ModelKind.SEQUENCE_CLASSIFICATION: AutoModelForSequenceClassification,
-              ModelKind.TOKEN_CLASSIFICATION: AutoModelForTokenClassification}[kind]
+              ModelKind.TOKEN_CLASSIFICATION: AutoModelForTokenClassification,
+              ModelKind.SPARSE: AutoModelForMaskedLM}[kind]
     target = resolve_device(device)
-    st = read_sentence_transformers_config(path) or SentenceTransformersConfig()
     module = loader.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype]).eval().to(target)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     max_len = max_model_length(st.max_seq_length, getattr(tokenizer, "model_max_length", None),
@@ -246,13 +257,15 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         activation_kind=activation_for(len(id2label), getattr(config, "problem_type", None),
                                        st.cross_encoder_activation),
         dense=dense,
-        embedding_size=st.dense[-1].out_features if st.dense else int(config.hidden_size),
+        embedding_size=(int(config.vocab_size) if st.splade is not None
+                        else st.dense[-1].out_features if st.dense else int(config.hidden_size)),
         prompts=st.prompts, default_prompt_name=st.default_prompt_name,
         matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
         revision=source.revision,
         token_head=per_token_head(module) if kind == ModelKind.SEQUENCE_CLASSIFICATION else None,
         takes_token_types="token_type_ids" in inspect.signature(module.forward).parameters,
         decoder=is_decoder_only(config),
+        sparse=st.splade, late_interaction=st.late_interaction,
     )
     log.info("loaded %s (%s, %s) from %s, revision %s, on %s (%s): max length %d, pooling %s, "
              "dense %s, normalize %s, embedding size %d", model.name, architecture, kind, path,

@@ -20,13 +20,15 @@ class ModelFacts:
     prompts: dict[str, str] = field(default_factory=dict)
     matryoshka_dimensions: tuple[int, ...] | None = None
     cross_encoder_score: bool = False  # score is a one-label classifier, not cosine
+    sparse: bool = False               # a sparse model (embed items are sparse vectors)
 
     @classmethod
     def of(cls, model) -> "ModelFacts":
         from poolwire.models.task_heads import score_uses_cross_encoder
 
         return cls(model.name, model.embedding_size, dict(model.prompts),
-                   model.matryoshka_dimensions, score_uses_cross_encoder(model))
+                   model.matryoshka_dimensions, score_uses_cross_encoder(model),
+                   getattr(model, "sparse", None) is not None)
 
 
 def _has_token_ids(value) -> bool:
@@ -34,6 +36,7 @@ def _has_token_ids(value) -> bool:
 
 
 def check_model_fields(task: Task, request: PoolingRequest, facts: ModelFacts) -> None:
+    _check_sparse(request, facts)
     _check_dimensions(request, facts)
     if (request.normalize is not None and request.use_activation is not None
             and task in (Task.EMBED, Task.TOKEN_EMBED)
@@ -46,6 +49,18 @@ def check_model_fields(task: Task, request: PoolingRequest, facts: ModelFacts) -
         raise invalid(f"aggregation {request.aggregation!r} groups entities by their text, and "
                       f"this input is token ids: send the texts, or aggregation \"none\"",
                       field="aggregation")
+
+
+def _check_sparse(request: PoolingRequest, facts: ModelFacts) -> None:
+    """PROTOCOL.md 1.2: max_active_dims only on a sparse model; dimensions never on one."""
+    if request.max_active_dims is not None and not facts.sparse:
+        raise invalid(f"max_active_dims keeps the largest weights of a sparse vector, and "
+                      f"{facts.name} is a dense model: leave it out, or use dimensions "
+                      f"(Matryoshka) to shorten dense vectors", field="max_active_dims")
+    if request.dimensions is not None and facts.sparse:
+        raise invalid(f"dimensions (Matryoshka) does not apply to the sparse vectors of "
+                      f"{facts.name}: use max_active_dims to keep the k largest weights",
+                      field="dimensions")
 
 
 def _check_dimensions(request: PoolingRequest, facts: ModelFacts) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from poolwire.models.sparse import SpladeConfig, read_splade
+
 # 1_Pooling/config.json, older layout: one boolean flag per mode -> our method name.
 _POOLING_FLAGS = {
     "pooling_mode_cls_token": "cls",
@@ -55,6 +57,9 @@ class SentenceTransformersConfig:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     cross_encoder_activation: str | None = None  # "sigmoid" | "none" | "softmax", when saved
+    splade: SpladeConfig | None = None  # a SparseEncoder folder's SpladePooling (models/sparse.py)
+    # A ColBERT folder in PyLate's layout: Dense on the token rows, no Pooling module.
+    late_interaction: bool = False
 
 
 def read_sentence_transformers_config(folder: Path) -> SentenceTransformersConfig | None:
@@ -66,18 +71,25 @@ def read_sentence_transformers_config(folder: Path) -> SentenceTransformersConfi
     if not modules_file.is_file():
         return SentenceTransformersConfig(cross_encoder_activation=activation) if activation else None
     method, normalize, dense = None, False, []
-    for module in json.loads(modules_file.read_text()):
+    modules = json.loads(modules_file.read_text())
+    splade = read_splade(folder, modules)
+    # PyLate's ColBERT layout: Dense modules project every token row and there is no Pooling
+    # module; PyLate normalises those rows, so that is the default here too.
+    late = not any(m.get("type", "").endswith(".Pooling") for m in modules) and \
+        any(m.get("type", "").endswith(".Dense") for m in modules)
+    for module in modules:
         kind = module.get("type", "")
         path = folder / module.get("path", "")
         if kind.endswith(".Pooling"):
             method = _pooling_method(path)
         elif kind.endswith(".Dense"):
-            if method is None:
+            if method is None and not late:
                 raise ValueError(f"{modules_file}: a Dense module before the Pooling module (a "
                                  f"projection of token embeddings) is not supported by poolwire")
-            dense.append(_read_dense(path))
+            dense.append(_read_dense(path, token_rows=late))
         elif kind.endswith(".Normalize"):
             normalize = True
+    normalize = normalize or late
     max_len = None
     st_file = folder / "sentence_bert_config.json"
     if st_file.is_file():
@@ -92,7 +104,7 @@ def read_sentence_transformers_config(folder: Path) -> SentenceTransformersConfi
             raise ValueError(f"{cfg_file}: default_prompt_name {default_prompt!r} is not one of "
                              f"its prompts {sorted(prompts)}")
     return SentenceTransformersConfig(method, normalize, max_len, tuple(dense), prompts,
-                                      default_prompt, activation)
+                                      default_prompt, activation, splade, late)
 
 
 def _pooling_method(pooling_dir: Path) -> str:
@@ -117,10 +129,11 @@ def _pooling_method(pooling_dir: Path) -> str:
     return chosen[0]
 
 
-def _read_dense(dense_dir: Path) -> DenseLayer:
+def _read_dense(dense_dir: Path, token_rows: bool = False) -> DenseLayer:
     cfg_file = dense_dir / "config.json"
     cfg = json.loads(cfg_file.read_text())
-    if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+    # PyLate's Dense projects token rows whatever input name its config inherited.
+    if not token_rows and cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
         raise ValueError(f"{cfg_file}: a Dense module on {cfg['module_input_name']!r} is not "
                          f"supported; poolwire applies Dense modules to the pooled embedding")
     if cfg.get("use_residual"):

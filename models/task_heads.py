@@ -9,8 +9,9 @@ import numpy as np
 
 from poolwire.models.model import LoadedModel, ModelKind
 from poolwire.models.model_fields import prompt_for
+from poolwire.models.ranking import maxsim, rank
 from poolwire.models.tokenizing import Tokenizing, TokenSeq, normalise_input
-from poolwire.schemas.errors import invalid
+from poolwire.schemas.errors import PoolingError, invalid
 from poolwire.schemas.requests import PoolingRequest
 from poolwire.schemas.tasks import Task
 
@@ -21,6 +22,16 @@ class Forward:
     HIDDEN = "hidden"              # base encoder's last hidden states
     SEQ_LOGITS = "seq_logits"      # the classifier head on the whole sequence
     TOKEN_LOGITS = "token_logits"  # a classifier on every token
+    MLM_LOGITS = "mlm_logits"      # a sparse model's masked-LM logits, SPLADE-pooled
+
+
+class ScoreMethod:
+    """How a deployment scores a pair (discovery's `score_method`, PROTOCOL.md 1.2)."""
+
+    COSINE = "cosine"               # of the two embed vectors
+    MAXSIM = "maxsim"               # late interaction over the two texts' token_embed rows
+    DOT = "dot"                     # of the two sparse vectors
+    CROSS_ENCODER = "cross-encoder"  # a one-label classifier on the pair
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,16 @@ class PoolSpec:
     normalize: bool = False
     dimensions: int | None = None
     activation: str = "none"         # "softmax" | "sigmoid" | "none" (logits)
+    max_active_dims: int | None = None  # MLM_LOGITS: keep the k largest weights
+
+
+@dataclass(frozen=True)
+class Rerank:
+    """The rerank form of score: items ranked by score, cut to `top_n`, each with its text when
+    `documents` is kept (return_documents)."""
+
+    top_n: int | None = None
+    documents: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,10 +71,15 @@ class TaskPlan:
     token_meta: list[dict] | None = None
     # aggregation: (item index, its rows) -> entity spans.
     entities: Callable[[int, np.ndarray], list[dict]] | None = None
+    # How a pair's outputs become its score (pairs only): ScoreMethod.COSINE, MAXSIM or DOT.
+    pair_score: str = ScoreMethod.COSINE
+    rerank: Rerank | None = None
 
     def extras(self, index: int, rows: np.ndarray) -> dict | None:
-        """What an item carries besides its data: tokens, offsets, entities."""
+        """What an item carries besides its data: tokens, offsets, entities, document."""
         out: dict = {}
+        if self.rerank is not None and self.rerank.documents is not None:
+            out["document"] = self.rerank.documents[index]
         if self.token_meta is not None:
             out.update(self.token_meta[index])
         if self.entities is not None:
@@ -113,14 +139,60 @@ def score_uses_cross_encoder(model: LoadedModel) -> bool:
     return model.kind == ModelKind.SEQUENCE_CLASSIFICATION and model.num_labels == 1
 
 
+def default_score_method(model: LoadedModel) -> str:
+    """The score of a deployment configured for embed (or classify): what the model's kind
+    gives; a token_embed deployment passes ScoreMethod.MAXSIM instead (actors/task_policy.py)."""
+    if score_uses_cross_encoder(model):
+        return ScoreMethod.CROSS_ENCODER
+    return ScoreMethod.DOT if model.sparse is not None else ScoreMethod.COSINE
+
+
+def _bi_encoder_spec(method: str, model: LoadedModel) -> PoolSpec:
+    if method == ScoreMethod.MAXSIM:
+        # The deployment's own token_embed rows as it returns them by default (Dense applied,
+        # normalised unless the folder says otherwise); use_activation never changes a
+        # bi-encoder's score, as it never changes the cosine.
+        return PoolSpec(Forward.HIDDEN, token_level=True, normalize=model.normalize_default)
+    if method == ScoreMethod.DOT:
+        return PoolSpec(Forward.MLM_LOGITS)
+    return PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=True)
+
+
+def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokenizing,
+                 method: str, prompt: str) -> TaskPlan:
+    """One query against its documents: a cross-encoder reads every (query, document) pair;
+    any other method encodes the query once (sequence 0) and each document once."""
+    cut, side = request.truncate_prompt_tokens, request.truncation_side
+    docs = list(request.documents)
+    rerank = Rerank(request.top_n, tuple(docs) if request.return_documents else None)
+    if method == ScoreMethod.CROSS_ENCODER:
+        seqs = tokenizing.pairs([request.query] * len(docs), docs, cut, side)
+        return TaskPlan(seqs, PoolSpec(Forward.SEQ_LOGITS,
+                                       activation=_activation(model, request.use_activation)),
+                        rerank=rerank)
+    # Apart, so that a document's input_too_long `index` is its place in `documents`.
+    try:
+        query = tokenizing.texts([prompt + request.query], cut, side)
+    except PoolingError as err:
+        raise PoolingError(err.code, f"query: {err.message}", field="query", **err.extra) from None
+    seqs = query + tokenizing.texts([prompt + t for t in docs], cut, side)
+    return TaskPlan(seqs, _bi_encoder_spec(method, model),
+                    pairs=[(0, j) for j in range(1, len(seqs))], pair_score=method,
+                    rerank=rerank)
+
+
 def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
-              tokenizing: Tokenizing) -> TaskPlan:
-    """Tokenize a validated request and say what to compute; raises input_too_long."""
+              tokenizing: Tokenizing, score_method: str | None = None) -> TaskPlan:
+    """Tokenize a validated request and say what to compute; raises input_too_long.
+    `score_method`: how this deployment scores (None: the model's default_score_method)."""
     cut, side = request.truncate_prompt_tokens, request.truncation_side
     prompt = prompt_for(task, request, model.prompts, model.default_prompt_name)
     if task is Task.SCORE:
+        method = score_method or default_score_method(model)
+        if request.query is not None:
+            return _plan_rerank(request, model, tokenizing, method, prompt)
         first, second = _score_pairs(request.text_1, request.text_2)
-        if score_uses_cross_encoder(model):
+        if method == ScoreMethod.CROSS_ENCODER:
             seqs = tokenizing.pairs(first, second, cut, side)
             return TaskPlan(seqs, PoolSpec(Forward.SEQ_LOGITS,
                                            activation=_activation(model, request.use_activation)))
@@ -130,8 +202,8 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
         position = {t: i for i, t in enumerate(texts)}
         seqs = tokenizing.texts([prompt + t for t in texts], cut, side)
         pairs = [(position[x], position[y]) for x, y in zip(first, second)]
-        spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=True)
-        return TaskPlan(seqs, spec, pairs=pairs,
+        spec = _bi_encoder_spec(method, model)
+        return TaskPlan(seqs, spec, pairs=pairs, pair_score=method,
                         item_tokens=[len(seqs[i]) + len(seqs[j]) for i, j in pairs])
 
     texts, ids = normalise_input(request.input)
@@ -141,7 +213,10 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
         seqs = tokenizing.texts([prompt + t for t in texts], cut, side, offsets=offsets)
     else:
         seqs = tokenizing.token_ids(ids, cut, side)
-    if task is Task.EMBED:
+    if task is Task.EMBED and model.sparse is not None:
+        spec = PoolSpec(Forward.MLM_LOGITS, normalize=_normalize(model, request),
+                        max_active_dims=request.max_active_dims)
+    elif task is Task.EMBED:
         spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method,
                         normalize=_normalize(model, request), dimensions=request.dimensions)
     elif task is Task.TOKEN_EMBED:
@@ -161,6 +236,24 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
 
 
 def cosine_items(plan: TaskPlan, outputs: dict[int, np.ndarray]) -> list[np.ndarray]:
-    """Bi-encoder scores from L2-normalised embeddings: the dot product of each pair."""
+    """Bi-encoder scores of each pair: the dot product of L2-normalised embeddings (cosine) or
+    of sparse vectors (dot), or MaxSim of token rows (late interaction)."""
     assert plan.pairs is not None
+    if plan.pair_score == ScoreMethod.MAXSIM:
+        return [np.asarray(maxsim(outputs[i], outputs[j])) for i, j in plan.pairs]
+    if plan.pair_score == ScoreMethod.DOT:
+        return [np.asarray(outputs[i].dot(outputs[j])) for i, j in plan.pairs]
     return [np.asarray(np.dot(outputs[i], outputs[j]), dtype=np.float32) for i, j in plan.pairs]
+
+
+def reply_items(plan: TaskPlan, outputs: dict[int, object]) -> list[tuple[int, object]]:
+    """(index, value) of every item the reply carries, in the order it carries them: by index,
+    or for the rerank form by score (highest first) and cut to top_n."""
+    if plan.pairs is not None:
+        items = list(enumerate(cosine_items(plan, outputs)))
+    else:
+        items = sorted(outputs.items())
+    if plan.rerank is None:
+        return items
+    scores = [float(np.asarray(v).reshape(-1)[0]) for _, v in items]
+    return [items[k] for k in rank(scores, plan.rerank.top_n)]

@@ -58,6 +58,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
     p = _client_parser(sub, "score", "score text_1 against each text_2 and print JSON")
     p.add_argument("text_1")
     p.add_argument("text_2", nargs="+")
+    p = _client_parser(sub, "rerank", "rank documents against one query (the rerank form of "
+                                      "score) and print JSON, best first")
+    p.add_argument("query")
+    p.add_argument("documents", nargs="+")
+    p.add_argument("--top-n", type=int, help="print only the n best documents")
+    p.add_argument("--return-documents", action="store_true",
+                   help="each item also carries its document's text")
     p = _client_parser(sub, "submit", "submit a durable job through JetStream (kept until a "
                                       "--durable worker answers it) and print the reply as JSON")
     p.add_argument("task", help="embed, classify, token_embed, token_classify")
@@ -220,6 +227,7 @@ async def client_command(args) -> int:
     from poolwire.refusals import PermissionRefusedError
 
     subject = (f"{args.prefix}.jobs.{args.task}" if args.command == "submit"
+               else f"{args.prefix}.score" if args.command == "rerank"
                else f"{args.prefix}.{args.command}")
     try:
         async with PoolingClient(args.nats_url, prefix=args.prefix, timeout=args.timeout,
@@ -230,6 +238,9 @@ async def client_command(args) -> int:
                 reply = await client.embed(args.texts, dimensions=args.dimensions)
             elif args.command == "classify":
                 reply = await client.classify(args.texts)
+            elif args.command == "rerank":
+                reply = await client.rerank(args.query, args.documents, top_n=args.top_n,
+                                            return_documents=args.return_documents or None)
             else:
                 reply = await client.score(args.text_1, args.text_2)
     except PoolingServiceError as exc:

@@ -152,7 +152,7 @@ class PoolingClient:
         if error and error.get("code") == "payload_too_large" and not body.get("stream"):
             request_id = body.get("request_id") or uuid.uuid4().hex
             frames = [f async for f in self.stream(task, {**body, "request_id": request_id}, timeout)]
-            return assemble_stream(frames, request_id)
+            return assemble_stream(frames, request_id, ranked="query" in body)
         return _check(frame)
 
     async def stream(self, task: str, body: dict[str, Any],
@@ -261,3 +261,12 @@ class PoolingClient:
 
     async def score(self, text_1, text_2, **options) -> dict[str, Any]:
         return await self.request("score", {"text_1": text_1, "text_2": text_2, **options})
+
+    async def rerank(self, query: str, documents: list[str], top_n: int | None = None,
+                     return_documents: bool | None = None, **options) -> dict[str, Any]:
+        """The rerank form of score (PROTOCOL 1.2): `data` holds the documents ranked by score,
+        highest first, each `{index, data}` (`index` its position in `documents`, `document`
+        too with return_documents), cut to top_n."""
+        return await self.request("score", {"query": query, "documents": list(documents),
+                                            "top_n": top_n, "return_documents": return_documents,
+                                            **options})

@@ -59,10 +59,12 @@ def _raw(value: Any) -> bytes:
     return base64.b64decode(value) if isinstance(value, str) else bytes(value)
 
 
-def assemble_stream(frames: Iterable[dict[str, Any]], request_id: str) -> dict[str, Any]:
+def assemble_stream(frames: Iterable[dict[str, Any]], request_id: str,
+                    ranked: bool = False) -> dict[str, Any]:
     """The one-reply map from a stream's item frames and its `done` frame. Token-level items
     split by `offset` are joined in row order (float rows, or binary bytes with the shape's
-    row count summed)."""
+    row count summed). `ranked` (the rerank form of score): items stay in the order they came,
+    which is the ranking."""
     parts: dict[int, list[tuple[int, dict[str, Any]]]] = {}
     done: dict[str, Any] = {}
     for frame in frames:
@@ -71,7 +73,7 @@ def assemble_stream(frames: Iterable[dict[str, Any]], request_id: str) -> dict[s
         else:
             parts.setdefault(frame["index"], []).append((frame.get("offset") or 0, frame))
     data = []
-    for index in sorted(parts):
+    for index in (list(parts) if ranked else sorted(parts)):
         pieces = [f for _, f in sorted(parts[index], key=lambda p: p[0])]
         first = pieces[0]
         if "bytes" in first:
@@ -84,6 +86,8 @@ def assemble_stream(frames: Iterable[dict[str, Any]], request_id: str) -> dict[s
             item = {"index": index, "data": [row for p in pieces for row in p["data"]]}
         else:
             item = {"index": index, "data": first["data"]}
+        # A rerank item's text and a binary sparse item's token ids (PROTOCOL 1.2).
+        item.update({k: first[k] for k in ("document", "indices") if k in first})
         data.append(item)
     reply = {"request_id": request_id, "model": done.get("model"), "task": done.get("task"),
              "data": data, "usage": done.get("usage")}

@@ -55,10 +55,23 @@ class PoolingRequest(BaseModel):
         None, description="drop work still queued this many ms after the worker received it")
     priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] = Field(
         0, description="lower runs first among queued work")
+    query: StrictStr | None = Field(
+        None, description="score, rerank form: the one query ranked against `documents`")
+    documents: list[StrictStr] | None = Field(
+        None, description="score, rerank form: the texts to rank; each pair is (query, document)")
+    top_n: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
+        None, description="score, rerank form: reply with the top_n best documents only")
+    return_documents: StrictBool | None = Field(
+        None, description="score, rerank form: each item also carries `document`, the text")
+    max_active_dims: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
+        None, description="embed on a sparse model: keep only the k largest weights of each item")
     cache: StrictBool = Field(
         True, description="false: neither read nor write the worker's result cache for this "
                           "request (no effect where no cache is configured)")
 
+
+# PROTOCOL 1.2, the rerank form of score: one query ranked against documents.
+RERANK_FIELDS = ("query", "documents", "top_n", "return_documents")
 
 COMMON_FIELDS = frozenset({
     "request_id", "truncate_prompt_tokens", "truncation_side", "encoding_format",
@@ -68,12 +81,13 @@ COMMON_FIELDS = frozenset({
 # Which keys each task accepts besides COMMON_FIELDS, and which of them it requires.
 TASK_FIELDS: dict[Task, frozenset[str]] = {
     Task.EMBED: frozenset({"input", "dimensions", "normalize", "use_activation", "prompt_name",
-                           "prompt"}),
+                           "prompt", "max_active_dims"}),
     Task.TOKEN_EMBED: frozenset({"input", "dimensions", "normalize", "use_activation",
                                  "prompt_name", "prompt", "return_tokens"}),
     Task.CLASSIFY: frozenset({"input", "use_activation"}),
     Task.TOKEN_CLASSIFY: frozenset({"input", "use_activation", "return_tokens", "aggregation"}),
-    Task.SCORE: frozenset({"text_1", "text_2", "use_activation", "prompt_name", "prompt"}),
+    Task.SCORE: frozenset({"text_1", "text_2", "use_activation", "prompt_name", "prompt",
+                           *RERANK_FIELDS}),
 }
 REQUIRED_FIELDS: dict[Task, tuple[str, ...]] = {
     Task.EMBED: ("input",),
@@ -107,15 +121,43 @@ def parse_request(task: Task, body: dict[str, Any]) -> PoolingRequest:
     for key in present:
         if key not in allowed:
             raise invalid(f"{key!r} is not valid for task {task}", field=key)
-    for key in REQUIRED_FIELDS[task]:
-        if key not in present:
-            raise invalid(f"{key!r} is required for task {task}", field=key)
+    if task is Task.SCORE:
+        _check_score_form(present)
+    else:
+        for key in REQUIRED_FIELDS[task]:
+            if key not in present:
+                raise invalid(f"{key!r} is required for task {task}", field=key)
     try:
         request = PoolingRequest.model_validate(present)
     except ValidationError as exc:
         raise _first_error(exc) from None
     _check_not_empty(request)
     return request
+
+
+def _check_score_form(present: dict[str, Any]) -> None:
+    """A score request is either the pair form (text_1 and text_2) or the rerank form (query
+    and documents, with top_n and return_documents only there); any other mix is refused,
+    naming the first field that does not belong."""
+    if "query" in present or "documents" in present:
+        for key in ("text_1", "text_2"):
+            if key in present:
+                raise invalid(f"{key!r} is the pair form of score and 'query'/'documents' the "
+                              f"rerank form: send text_1 and text_2, or query and documents",
+                              field=key)
+        for key in ("query", "documents"):
+            if key not in present:
+                raise invalid(f"{key!r} is required for the rerank form of score (query and "
+                              f"documents)", field=key)
+        return
+    for key in RERANK_FIELDS[2:]:
+        if key in present:
+            raise invalid(f"{key!r} belongs to the rerank form of score: send query and "
+                          f"documents with it, or leave it out", field=key)
+    for key in REQUIRED_FIELDS[Task.SCORE]:
+        if key not in present:
+            raise invalid(f"{key!r} is required for task score (or send the rerank form: query "
+                          f"and documents)", field=key)
 
 
 def _first_error(exc: ValidationError):
@@ -133,7 +175,7 @@ def _is_empty(value: Any) -> bool:
 
 
 def _check_not_empty(request: PoolingRequest) -> None:
-    for name in ("input", "text_1", "text_2"):
+    for name in ("input", "text_1", "text_2", "query", "documents"):
         value = getattr(request, name)
         if value is not None and _is_empty(value):
             raise invalid(f"{name} is empty or holds an empty text/token list", field=name)

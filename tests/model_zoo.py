@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 from transformers import (AutoTokenizer, BertConfig, BertForSequenceClassification,
-                          BertForTokenClassification, BertModel, DebertaV2Config,
+                          BertForMaskedLM, BertForTokenClassification, BertModel, DebertaV2Config,
                           DebertaV2ForSequenceClassification, DebertaV2ForTokenClassification,
                           DistilBertConfig, DistilBertForSequenceClassification,
                           DistilBertForTokenClassification, Qwen3Config,
@@ -114,6 +114,49 @@ def to_old_layout(new: Path, old: Path) -> Path:
     return old
 
 
+def colbert_pylate(folder: Path, base: Path, out_features: int = 16) -> Path:
+    """A ColBERT folder as PyLate saves it: the Transformer at the root, then a bias-free
+    `Dense` projection of every token row, no Pooling module, PyLate's own settings (query and
+    document prefixes, lengths, MaxSim) in config_sentence_transformers.json."""
+    from safetensors.torch import save_file
+
+    shutil.copytree(base, folder)
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 180,
+                                                                  "do_lower_case": False}))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({
+        "query_prefix": "[unused0]", "document_prefix": "[unused1]", "query_length": 32,
+        "document_length": 180, "attend_to_expansion_tokens": False, "skiplist_words": ["!"],
+        "do_query_expansion": True, "similarity_fn_name": "MaxSim", "prompts": {},
+        "default_prompt_name": None}))
+    dense = folder / "1_Dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({
+        "in_features": 32, "out_features": out_features, "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity"}))
+    save_file({"linear.weight": torch.randn(out_features, 32) / 32 ** 0.5},
+              str(dense / "model.safetensors"))
+    return folder
+
+
+def sparse_encoder(folder: Path, base: Path, pooling: str = "max",
+                   activation: str = "relu") -> Path:
+    """A Sentence-Transformers SparseEncoder folder (MLMTransformer + SpladePooling), saved by
+    `SparseEncoder.save` itself."""
+    import warnings
+
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MLMTransformer's deprecation in favour of Transformer
+        SparseEncoder(modules=[MLMTransformer(str(base)), SpladePooling(pooling, activation)],
+                      device="cpu").save(str(folder))
+    return folder
+
+
 def build_zoo(root: Path, tokenizer_dir: Path) -> dict[str, Path]:
     """Every zoo model, each from its own seed."""
     zoo: dict[str, Path] = {}
@@ -181,4 +224,14 @@ def build_zoo(root: Path, tokenizer_dir: Path) -> dict[str, Path]:
     seeded(36)
     zoo["ner"] = _save_hf(root / "bert-ner", BertForTokenClassification(
         _bert(**_labels(5, NER_LABELS))), tokenizer_dir)
+
+    # PROTOCOL 1.2: late interaction and sparse models.
+    seeded(41)
+    base = _save_hf(root / "_bert_colbert", BertModel(_bert(), add_pooling_layer=False),
+                    tokenizer_dir)
+    zoo["colbert"] = colbert_pylate(root / "colbert", base)
+    seeded(42)
+    base = _save_hf(root / "_bert_mlm", BertForMaskedLM(_bert()), tokenizer_dir)
+    zoo["splade_max"] = sparse_encoder(root / "splade-max", base, "max", "relu")
+    zoo["splade_sum"] = sparse_encoder(root / "splade-sum", base, "sum", "log1p_relu")
     return zoo

@@ -140,13 +140,15 @@ async def test_poolwire_events_prints_each_event_as_a_json_line(minilm, start_wo
         assert event["event"] == "pooling.multitask.deprecated" and event["requested_task"] == "token_embed"
 
 
-async def test_a_deprecated_score_hints_at_the_task_it_is_computed_with(minilm, start_worker, nc, prefix):
-    # On a token_embed deployment, score (cosine of embed vectors) is deprecated; `--task score`
-    # is refused at start, so the hint names embed.
+async def test_a_deprecated_score_hints_at_the_task_it_is_computed_with(small_models, start_worker,
+                                                                      nc, prefix):
+    # On a cross-encoder's token_classify deployment, score (the classify head on the pair) is
+    # deprecated; `--task score` is refused at start, so the hint names classify. (Since
+    # PROTOCOL 1.2 a token_embed deployment scores by late interaction, not deprecated.)
     events = await nc.subscribe(f"{prefix}.events.deprecation")
-    async with start_worker(minilm, task="token_embed"):
+    async with start_worker(small_models["seq1"], task="token_classify"):
         reply = await PoolingClient(nc, prefix=prefix).score("a cat", "a dog")
         assert reply["warnings"]
         event = msgpack.unpackb((await events.next_msg(timeout=10)).data)
-    assert event["requested_task"] == "score" and event["configured_task"] == "token_embed"
-    assert "--task embed" in event["hint"] and "--task score" not in event["hint"]
+    assert event["requested_task"] == "score" and event["configured_task"] == "token_classify"
+    assert "--task classify" in event["hint"] and "--task score" not in event["hint"]

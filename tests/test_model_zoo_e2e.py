@@ -325,8 +325,12 @@ def test_task_selection_per_model_kind(zoo, name, supported, default):
     other = "token_embed" if default == "embed" else "token_classify"
     warn = task_policy_for(model, WorkerSettings(task=other))
     reject = task_policy_for(model, WorkerSettings(task=other, multitask="reject"))
-    assert warn.judge(Task.SCORE) == Verdict.DEPRECATED
-    assert reject.judge(Task.SCORE) == Verdict.NOT_CONFIGURED
+    if default == "embed":
+        # PROTOCOL 1.2: a token_embed deployment scores by late interaction (MaxSim), served.
+        assert warn.judge(Task.SCORE) == reject.judge(Task.SCORE) == Verdict.SERVE
+    else:
+        assert warn.judge(Task.SCORE) == Verdict.DEPRECATED
+        assert reject.judge(Task.SCORE) == Verdict.NOT_CONFIGURED
     assert warn.judge(Task(default)) == Verdict.DEPRECATED
 
 

@@ -61,7 +61,9 @@ def test_verdicts_for_warn_and_reject():
 
 def test_score_counts_as_the_configured_task_only_when_computed_with_it():
     assert score_uses_configured_task("encoder", 0, E)
-    assert not score_uses_configured_task("encoder", 0, TE)
+    # PROTOCOL 1.2: a token_embed deployment scores by late interaction (MaxSim), not deprecated.
+    assert score_uses_configured_task("encoder", 0, TE)
+    assert score_uses_configured_task("sparse", 0, E)
     assert score_uses_configured_task("sequence_classification", 1, C)
     assert not score_uses_configured_task("sequence_classification", 1, TC)
     policy = TaskPolicy(TC, (C, TC, S), "warn", score_with_configured=False)
