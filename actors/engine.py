@@ -22,7 +22,8 @@ from poolwire.actors.replier import Replier
 from poolwire.actors.reply_size import check_reply_fits, reply_room
 from poolwire.actors.runtime import Actor
 from poolwire.actors.stats import StageStats
-from poolwire.models.task_heads import TaskPlan, cosine_items, plan_task
+from poolwire.models.assembly import assemble_items, sequence_value
+from poolwire.models.task_heads import TaskPlan, plan_task
 from poolwire.models.tokenizing import Tokenizing
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
@@ -37,6 +38,7 @@ class EngineLimits:
     max_wait_ms: float = 2.0         # wait this long for more work when a batch is not full
     max_added_padding: int = 16      # padding tokens an item may add to join a batch
     max_queued_tokens: int = 262144  # admission bound; past it requests get `overloaded`
+    max_embed_len: int | None = None  # chunked processing of embed inputs up to this many tokens
 
 
 @dataclass(eq=False)
@@ -54,8 +56,10 @@ class InFlight:
 
     @property
     def keeps_outputs(self) -> bool:
-        # A one-message reply needs every item; a bi-encoder score needs both sides of a pair.
-        return not self.job.request.stream or self.plan.pairs is not None
+        # A one-message reply needs every item; a bi-encoder score needs both sides of a pair,
+        # a chunked input all its chunks.
+        return (not self.job.request.stream or self.plan.pairs is not None
+                or self.plan.chunks is not None)
 
 
 class EngineActor(Actor):
@@ -107,7 +111,8 @@ class EngineActor(Actor):
             # token-level ones: once tokenized, their size being their token count).
             check_reply_fits(job, None, self.model, self._replier.max_payload)
             with self.stats.timed("tokenize"):
-                plan = plan_task(job.task, job.request, self.model, self._tokenizing)
+                plan = plan_task(job.task, job.request, self.model, self._tokenizing,
+                                 self.limits.max_embed_len)
             check_reply_fits(job, plan, self.model, self._replier.max_payload)
             self._admit(plan)
         except PoolingError as err:
@@ -273,8 +278,7 @@ class EngineActor(Actor):
         if flight.failed:
             return
         job, plan = flight.job, flight.plan
-        if job.task is Task.SCORE and plan.pairs is None:
-            value = value.reshape(-1)[0]  # a cross-encoder's one label is the pair's score
+        value = sequence_value(job.task, plan, value)
         flight.remaining -= 1
         try:
             if flight.keeps_outputs:
@@ -303,10 +307,7 @@ class EngineActor(Actor):
             flight.answered = True
             self._inflight.discard(flight)
             return
-        if plan.pairs is not None:
-            items = list(enumerate(cosine_items(plan, flight.outputs)))
-        else:
-            items = sorted(flight.outputs.items())
+        items = assemble_items(plan, flight.outputs, self.model)
         labels = self.model.labels if job.task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None
         warnings = list(job.warnings) or None
         if job.request.stream:

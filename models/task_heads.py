@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from poolwire.models.chunking import Chunks, chunk_sequences
 from poolwire.models.model import LoadedModel, ModelKind
 from poolwire.models.model_fields import prompt_for
 from poolwire.models.tokenizing import Tokenizing, TokenSeq, normalise_input
@@ -34,6 +35,9 @@ class PoolSpec:
     normalize: bool = False
     dimensions: int | None = None
     activation: str = "none"         # "softmax" | "sigmoid" | "none" (logits)
+    # False: the pooled vector as it leaves the pooling, before Dense (a chunk of a longer
+    # input, whose item is finished once its chunks are combined: chunking.py).
+    project: bool = True
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class TaskPlan:
     token_meta: list[dict] | None = None
     # aggregation: (item index, its rows) -> entity spans.
     entities: Callable[[int, np.ndarray], list[dict]] | None = None
+    # Chunked processing: item i combines the chunks chunks.groups[i]; None: one sequence each.
+    chunks: Chunks | None = None
 
     def extras(self, index: int, rows: np.ndarray) -> dict | None:
         """What an item carries besides its data: tokens, offsets, entities."""
@@ -62,6 +68,8 @@ class TaskPlan:
 
     @property
     def n_items(self) -> int:
+        if self.chunks is not None:
+            return len(self.chunks.groups)
         return len(self.pairs) if self.pairs is not None else len(self.sequences)
 
     @property
@@ -114,8 +122,9 @@ def score_uses_cross_encoder(model: LoadedModel) -> bool:
 
 
 def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
-              tokenizing: Tokenizing) -> TaskPlan:
-    """Tokenize a validated request and say what to compute; raises input_too_long."""
+              tokenizing: Tokenizing, max_embed_len: int | None = None) -> TaskPlan:
+    """Tokenize a validated request and say what to compute; raises input_too_long.
+    `max_embed_len`: chunked processing of embed inputs up to that many tokens."""
     cut, side = request.truncate_prompt_tokens, request.truncation_side
     prompt = prompt_for(task, request, model.prompts, model.default_prompt_name)
     if task is Task.SCORE:
@@ -137,13 +146,17 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
     texts, ids = normalise_input(request.input)
     grouping = request.aggregation not in (None, "none")
     offsets = bool(request.return_tokens) or grouping
+    longest = max_embed_len if task is Task.EMBED else None
     if texts is not None:
-        seqs = tokenizing.texts([prompt + t for t in texts], cut, side, offsets=offsets)
+        seqs = tokenizing.texts([prompt + t for t in texts], cut, side, offsets=offsets,
+                                longest=longest)
     else:
-        seqs = tokenizing.token_ids(ids, cut, side)
+        seqs = tokenizing.token_ids(ids, cut, side, longest=longest)
     if task is Task.EMBED:
         spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method,
                         normalize=_normalize(model, request), dimensions=request.dimensions)
+        if longest is not None and any(len(s) > model.max_length for s in seqs):
+            return chunked_plan(seqs, spec, model.max_length)
     elif task is Task.TOKEN_EMBED:
         spec = PoolSpec(Forward.HIDDEN, token_level=True, normalize=_normalize(model, request),
                         dimensions=request.dimensions)
@@ -158,6 +171,14 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
         grouper, strategy = model.entity_grouper, request.aggregation
         entities = lambda i, rows: grouper.group(texts[i], seqs[i], rows, spec.activation, strategy)  # noqa: E731
     return TaskPlan(seqs, spec, token_meta=meta, entities=entities)
+
+
+def chunked_plan(seqs: list[TokenSeq], spec: PoolSpec, max_length: int) -> TaskPlan:
+    """Every input cut into chunks of the maximum length, pooled before Dense; the item's
+    Dense, dimensions and normalisation wait until its chunks are combined (assembly.py)."""
+    chunk_seqs, groups = chunk_sequences(seqs, max_length)
+    raw = PoolSpec(Forward.HIDDEN, method=spec.method, project=False)
+    return TaskPlan(chunk_seqs, raw, chunks=Chunks(groups, finish=spec))
 
 
 def cosine_items(plan: TaskPlan, outputs: dict[int, np.ndarray]) -> list[np.ndarray]:

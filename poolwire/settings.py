@@ -130,7 +130,8 @@ class WorkerSettings(BaseSettings):
         None, description="document field holding its id; default: the stream sequence")
     pipeline_task: str | None = Field(None, description="pipeline task; default: the configured task")
     pipeline_truncate: CliImplicitFlag[bool] = Field(
-        True, description="cut documents longer than the model's maximum instead of failing them")
+        True, description="cut documents longer than the model's maximum instead of failing them "
+                          "(an embed pipeline with --chunked-processing embeds them whole)")
     metrics_port: int | None = Field(
         None, ge=0, le=65535,
         description="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port); none: off")
