@@ -13,6 +13,24 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MAX_EMBED_LEN_FACTOR = 8
 
 
+# vLLM's PoolerConfig key for chunked_processing, accepted as a synonym.
+VLLM_CHUNKED = "enable_chunked_processing"
+
+
+def vllm_spelling(data):
+    """{"enable_chunked_processing": x} as {"chunked_processing": x}; both that disagree is
+    an error naming both."""
+    if not isinstance(data, dict) or VLLM_CHUNKED not in data:
+        return data
+    data = dict(data)
+    value = data.pop(VLLM_CHUNKED)
+    if data.get("chunked_processing") not in (None, value):
+        raise ValueError(f"{VLLM_CHUNKED} {value!r} and chunked_processing "
+                         f"{data['chunked_processing']!r} disagree: give one of them")
+    data["chunked_processing"] = value
+    return data
+
+
 class PoolerConfig(BaseModel):
     """`PoolerConfig(task="embed")`, as vLLM's offline API is told its one task."""
 
@@ -28,6 +46,11 @@ class PoolerConfig(BaseModel):
     max_embed_len: int | None = Field(
         None, ge=1, description="with chunked processing, the longest embed input accepted, in "
                                 "tokens; default: 8 x the model's maximum length")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_spelling(cls, data):
+        return vllm_spelling(data)
 
     @model_validator(mode="after")
     def _max_embed_len_needs_chunking(self):

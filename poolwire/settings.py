@@ -10,7 +10,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, CliImplicitFlag, PydanticBaseSettingsSource, SettingsConfigDict
 
-from poolwire.pooler_config import PoolerConfig
+from poolwire.pooler_config import PoolerConfig, vllm_spelling
 
 ENV_PREFIX = "POOLWIRE_"
 
@@ -197,7 +197,7 @@ def merge_pooler_config(data: dict) -> dict:
         except ValueError:
             raise ValueError(f"--pooler-config {nested!r} is not a JSON object: give e.g. "
                              f"'{{\"task\": \"embed\"}}', or --pooler-config.task embed") from None
-    nested = dict(nested or {})
+    nested = vllm_spelling(dict(nested or {}))
     unknown = sorted(set(nested) - set(POOLER_FIELDS))
     if unknown:
         raise ValueError(f"--pooler-config has no {', '.join(unknown)}: its keys are "

@@ -41,6 +41,12 @@ def test_vllm_names_set_the_same_settings():
                                            chunked_processing=True, max_embed_len=900)
     s = settings_from(["serve", "--chunked-processing", "--max-embed-len", "600"])
     assert s.pooler_config == PoolerConfig(chunked_processing=True, max_embed_len=600)
+    # vLLM's own key for chunking is understood, in the JSON and offline.
+    s = settings_from(["serve", "--pooler-config", '{"enable_chunked_processing": true, "max_embed_len": 4096}'])
+    assert (s.chunked_processing, s.max_embed_len) == (True, 4096)
+    assert PoolerConfig(enable_chunked_processing=True) == PoolerConfig(chunked_processing=True)
+    with pytest.raises(ValidationError, match="enable_chunked_processing True and chunked_processing False disagree"):
+        PoolerConfig(enable_chunked_processing=True, chunked_processing=False)
     # The same value both ways is no conflict.
     assert settings_from(["serve", "--task", "embed", "--pooler-config.task", "embed"]).task == "embed"
 
@@ -74,6 +80,13 @@ def test_a_conflict_is_one_line_at_start_with_the_exit_code_of_other_start_up_er
     assert main(["serve", "--multitask", "warn", "--pooler-config", '{"multitask": "reject"}']) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--multitask warn" in err and "reject" in err
+
+
+@pytest.mark.timeout(180)
+def test_a_max_embed_len_below_the_models_maximum_fails_start_up(tmp_path, capsys):
+    assert main(["serve", "--chunked-processing", "--max-embed-len", "100", "--nats-port", "-1",
+                 "--state-dir", str(tmp_path)]) == 2
+    assert "max_embed_len 100 is below the model's maximum length 256" in capsys.readouterr().err
 
 
 @pytest.mark.slow
