@@ -72,6 +72,7 @@ class PoolingModel:
                  backend: str = "auto", precision: str = "exact", dtype: str = "float32",
                  max_batch_tokens: int = 8192, max_batch_size: int = 64,
                  max_added_padding: int = 16) -> None:
+        from poolwire.actors.task_policy import TaskConfigError
         from poolwire.actors.validator import ModelLimits
         from poolwire.actors.worker import task_policy_for
         from poolwire.models.model import load_model
@@ -87,7 +88,15 @@ class PoolingModel:
         self.pooler_config = pooler_config
         self.model = load_model(model, None, device, dtype)
         # The worker's own start-up rule (priority rule, --task checks) on PoolerConfig's fields.
-        self.policy = task_policy_for(self.model, pooler_config)
+        try:
+            self.policy = task_policy_for(self.model, pooler_config)
+        except TaskConfigError as exc:
+            from poolwire.actors.task_policy import supported_tasks
+
+            names = [t.value for t in supported_tasks(self.model.kind, self.model.num_labels,
+                                                      self.model.per_token_classifier)]
+            raise UnsupportedTaskError(f"PoolerConfig(task={pooler_config.task!r}): {exc}",
+                                       supported_tasks=names) from None
         self.max_embed_len = pooler_config.embed_limit(self.model.max_length)
         self.backend = make_backend(self.model, backend, precision_for(precision, self.model.device, dtype))
         self._limits = ModelLimits(self.model.name, self.model.max_length,

@@ -115,6 +115,11 @@ def test_reject_raises_task_not_configured_and_unsupported_lists_every_task(zoo_
         assert "classify, token_classify, score" in str(err.value)
     with pytest.raises(UnsupportedTaskError, match="embed, token_embed, score"):
         PoolingModel(bundled_model_dir(), pooler_config=PoolerConfig(task="embed")).classify(TEXTS)
+    # A configured task the model cannot do fails at construction, as a worker's start does.
+    with pytest.raises(UnsupportedTaskError, match=r"PoolerConfig\(task='classify'\).*supports: "
+                                                   r"embed, token_embed, score") as err:
+        PoolingModel(bundled_model_dir(), pooler_config=PoolerConfig(task="classify"))
+    assert err.value.supported_tasks == ["embed", "token_embed", "score"]
 
 
 def test_encode_without_pooling_task_is_a_clear_type_error(minilm_offline):
