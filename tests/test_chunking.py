@@ -46,3 +46,30 @@ def test_chunk_sequences_keeps_each_inputs_chunks_together():
     np.testing.assert_allclose(combined[0], [(0 * 3 + 1 * 3 + 2 * 1) / 7] * 2, rtol=1e-6)
     np.testing.assert_array_equal(combined[1], [3.0, 3.0])
     np.testing.assert_allclose(combined[2], [(4 * 3 + 5 * 3 + 6 * 2) / 8] * 2, rtol=1e-6)
+
+
+def test_a_chunked_plan_holds_every_chunk_as_a_sequence(minilm):
+    """What the engine queues and admits: every chunk, each at most the maximum length, and
+    `usage` their sum; the item's Dense, dimensions and normalisation wait for the combination."""
+    from poolwire.models.task_heads import plan_task
+    from poolwire.models.tokenizing import Tokenizing
+    from poolwire.schemas.errors import PoolingError
+    from poolwire.schemas.requests import PoolingRequest
+    from poolwire.schemas.tasks import Task
+
+    ids = [CLS, *[1996] * 1998, SEP]  # 2,000 token ids as given
+    tokenizing = Tokenizing(minilm.tokenizer, minilm.max_length)
+    request = PoolingRequest(input=[ids, [CLS, 1996, SEP]], dimensions=64)
+    plan = plan_task(Task.EMBED, request, minilm, tokenizing, max_embed_len=2048)
+    assert [len(s) for s in plan.sequences] == [256] * 7 + [208, 3]
+    assert plan.chunks.groups == [list(range(8)), [8]]
+    assert (plan.n_items, plan.prompt_tokens) == (2, 2003)
+    assert not plan.spec.project and not plan.spec.normalize and plan.spec.dimensions is None
+    assert plan.chunks.finish.normalize and plan.chunks.finish.dimensions == 64
+    # Within the maximum, or without chunked processing, the plan is the usual one.
+    short = plan_task(Task.EMBED, PoolingRequest(input="short"), minilm, tokenizing, 2048)
+    assert short.chunks is None and short.spec.project
+    with pytest.raises(PoolingError, match="over the model's maximum of 256"):
+        plan_task(Task.EMBED, request, minilm, tokenizing)
+    with pytest.raises(PoolingError, match="chunked processing limit"):
+        plan_task(Task.EMBED, request, minilm, tokenizing, max_embed_len=1999)

@@ -51,6 +51,17 @@ def test_vllm_names_set_the_same_settings():
     assert settings_from(["serve", "--task", "embed", "--pooler-config.task", "embed"]).task == "embed"
 
 
+def test_serve_help_shows_the_vllm_names():
+    from poolwire.cli import build_parser
+
+    parser, _ = build_parser()
+    text = parser._subparsers._group_actions[0].choices["serve"].format_help()
+    for flag in ("--pooler-config.task", "--pooler-config.multitask", "--pooler-config.max-embed-len",
+                 "--pooler-config.chunked-processing", "--pooler-config [JSON]", "POOLWIRE_POOLER_CONFIG",
+                 "--chunked-processing", "--max-embed-len"):
+        assert flag in text, flag
+
+
 def test_the_environment_variable_is_an_alias_too(monkeypatch):
     monkeypatch.setenv("POOLWIRE_POOLER_CONFIG", '{"task": "token_embed"}')
     assert WorkerSettings().task == "token_embed"
