@@ -197,6 +197,9 @@ def merge_pooler_config(data: dict) -> dict:
         except ValueError:
             raise ValueError(f"--pooler-config {nested!r} is not a JSON object: give e.g. "
                              f"'{{\"task\": \"embed\"}}', or --pooler-config.task embed") from None
+    if nested is not None and not isinstance(nested, dict):
+        raise ValueError(f"--pooler-config {nested!r} is not a JSON object: give e.g. "
+                         f"'{{\"task\": \"embed\"}}', or --pooler-config.task embed")
     nested = vllm_spelling(dict(nested or {}))
     unknown = sorted(set(nested) - set(POOLER_FIELDS))
     if unknown:
@@ -206,13 +209,13 @@ def merge_pooler_config(data: dict) -> dict:
         if value is None:
             continue
         if data.get(name) is not None and _one_field(name, data[name]) != _one_field(name, value):
-            flag = "--" + name.replace("_", "-")
+            flag = name.replace("_", "-")
             raise PydanticCustomError(
                 "pooler_config_conflict",
-                "{flag} {own} (or {env}) conflicts with --pooler-config.{name} {value} (or "
+                "--{flag} {own} (or {env}) conflicts with --pooler-config.{flag} {value} (or "
                 "--pooler-config JSON, POOLWIRE_POOLER_CONFIG): they name the same setting; "
                 "give one of them, or the same value",
-                {"flag": flag, "own": data[name], "env": ENV_PREFIX + name.upper(), "name": name,
+                {"flag": flag, "own": data[name], "env": ENV_PREFIX + name.upper(),
                  "value": value})
         data[name] = value
     given = {n: data[n] for n in POOLER_FIELDS if data.get(n) is not None}

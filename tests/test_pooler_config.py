@@ -73,6 +73,11 @@ def test_the_environment_variable_is_an_alias_too(monkeypatch):
 def test_bad_pooler_configs_are_refused_naming_the_value():
     with pytest.raises(ValidationError, match="has no tsk: its keys are task, multitask"):
         settings_from(["serve", "--pooler-config", '{"tsk": "embed"}'])
+    with pytest.raises(ValidationError, match=r"--pooler-config \[1, 2\] is not a JSON object"):
+        settings_from(["serve", "--pooler-config", "[1, 2]"])
+    with pytest.raises(ValidationError, match="--max-embed-len 600 .*conflicts with --pooler-config.max-embed-len 700"):
+        settings_from(["serve", "--chunked-processing", "--max-embed-len", "600",
+                       "--pooler-config.max-embed-len", "700"])
     with pytest.raises(ValidationError, match="max_embed_len 900 applies only with chunked processing"):
         settings_from(["serve", "--max-embed-len", "900"])
     with pytest.raises(ValidationError, match="max_embed_len 900 applies only with chunked processing"):
