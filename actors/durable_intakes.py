@@ -4,7 +4,7 @@ pipeline (`--pipeline-stream`). Kept apart from worker.py so the worker only wir
 from poolwire.actors.durable import DurableJobs, IntakeLimits, JetStreamIntake
 from poolwire.actors.pipeline import PipelineIntake, PipelineSpec
 from poolwire.actors.task_policy import TaskPolicy
-from poolwire.schemas.tasks import parse_task
+from poolwire.schemas.tasks import Task, parse_task
 from poolwire.settings import WorkerSettings
 
 
@@ -25,7 +25,10 @@ def pipeline_spec(settings: WorkerSettings, policy: TaskPolicy) -> PipelineSpec:
     return PipelineSpec(stream=s.pipeline_stream, input=s.pipeline_input.rstrip(".>"),
                         output=s.pipeline_output.rstrip(".>"), task=task,
                         text_field=s.pipeline_text_field, id_field=s.pipeline_id_field,
-                        truncate=s.pipeline_truncate)
+                        # With chunked processing an embed pipeline keeps whole documents
+                        # (up to --max-embed-len) instead of cutting them to the model's maximum.
+                        truncate=s.pipeline_truncate and not (s.chunked_processing
+                                                              and parse_task(task) is Task.EMBED))
 
 
 async def start_intakes(nc, settings: WorkerSettings, pipeline: PipelineSpec | None, validator,

@@ -23,8 +23,9 @@ from poolwire.actors.reply_size import check_reply_fits, reply_room
 from poolwire.actors.runtime import Actor
 from poolwire.actors.stats import StageStats
 from poolwire.actors.tracing import OFF, Tracing, trace_of
+from poolwire.models.assembly import assemble_items, sequence_value
 from poolwire.models.sparse_vector import SparseVector
-from poolwire.models.task_heads import TaskPlan, plan_task, reply_items
+from poolwire.models.task_heads import TaskPlan, plan_task
 from poolwire.models.tokenizing import Tokenizing
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
@@ -44,6 +45,7 @@ class EngineLimits:
     max_wait_ms: float = 2.0         # wait this long for more work when a batch is not full
     max_added_padding: int = 16      # padding tokens an item may add to join a batch
     max_queued_tokens: int = 262144  # admission bound; past it requests get `overloaded`
+    max_embed_len: int | None = None  # chunked processing of embed inputs up to this many tokens
 
 
 @dataclass(eq=False)
@@ -66,9 +68,10 @@ class InFlight:
     @property
     def keeps_outputs(self) -> bool:
         # A one-message reply needs every item; a bi-encoder score needs both sides of a pair;
-        # a rerank needs every score before the first item is known.
+        # a rerank needs every score before the first item is known; a chunked input all its
+        # chunks.
         return (not self.job.request.stream or self.plan.pairs is not None
-                or self.plan.rerank is not None)
+                or self.plan.rerank is not None or self.plan.chunks is not None)
 
 
 class EngineActor(Actor):
@@ -132,8 +135,11 @@ class EngineActor(Actor):
                 plan = cached.plan(None)  # every item hit: nothing to tokenize or compute
             else:
                 with self.stats.timed("tokenize"), trace.stage("tokenize"):
-                    plan = plan_task(job.task, cached.request if cached else job.request,
-                                     self.model, self._tokenizing, self.score_method)
+                    plan = self._plan(job, cached.request if cached else job.request)
+                    if cached is not None and plan.chunks is not None:
+                        # The cache maps one sequence to one item; a chunked input is several
+                        # sequences, so a request with one is computed whole, without it.
+                        cached, plan = None, self._plan(job, job.request)
                 if cached is not None:
                     plan = cached.plan(plan)
             check_reply_fits(job, plan, self.model, self._replier.max_payload)
@@ -182,6 +188,10 @@ class EngineActor(Actor):
                 await self._send_items(flight, hits)
         except PoolingError as err:
             await self._fail(flight, err)
+
+    def _plan(self, job: Job, request) -> TaskPlan:
+        return plan_task(job.task, request, self.model, self._tokenizing,
+                         score_method=self.score_method, max_embed_len=self.limits.max_embed_len)
 
     def _admit(self, plan: TaskPlan) -> None:
         tokens = sum(len(s) for s in plan.sequences)
@@ -336,8 +346,7 @@ class EngineActor(Actor):
         if flight.failed:
             return
         job, plan = flight.job, flight.plan
-        if job.task is Task.SCORE and plan.pairs is None:
-            value = value.reshape(-1)[0]  # a cross-encoder's one label is the pair's score
+        value = sequence_value(job.task, plan, value)
         flight.remaining -= 1
         if flight.cache_keys is not None:  # computed for the result cache's misses
             seq_index = flight.item_of[seq_index]
@@ -371,7 +380,7 @@ class EngineActor(Actor):
             self._inflight.discard(flight)
             trace_of(job).end()
             return
-        items = reply_items(plan, flight.outputs)
+        items = assemble_items(plan, flight.outputs, self.model)
         labels = self.model.labels if job.task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None
         warnings = list(job.warnings) or None
         if job.request.stream:

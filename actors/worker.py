@@ -68,6 +68,7 @@ class Worker:
         self.settings = settings
         self.model = model
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
+        self.max_embed_len = settings.pooler_config.embed_limit(model.max_length)
         self.precision = precision_for(settings.precision, model.device, settings.dtype)
         self.backend = TorchBackend(model, self.precision)
         # The planner's padding budget: a number, or from this device's and precision's measured
@@ -137,7 +138,7 @@ class Worker:
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms, max_added_padding=self.max_added_padding,
-            max_queued_tokens=s.max_queued_tokens), self.events,
+            max_queued_tokens=s.max_queued_tokens, max_embed_len=self.max_embed_len), self.events,
             self.stats, metrics=self.metrics, backend=self.backend,
             score_method=self.policy.score_method, tracing=self.tracing, cache=self.cache)
         self.validator = ValidatorActor(

@@ -74,7 +74,7 @@ def run_batch(backend: Backend, seqs: list[TokenSeq], specs: list[PoolSpec]) -> 
 def _pool(model: LoadedModel, spec: PoolSpec, out: torch.Tensor,
           lengths: torch.Tensor) -> list[np.ndarray]:
     if spec.forward == Forward.HIDDEN and not spec.token_level:
-        if model.dense is None:
+        if model.dense is None or not spec.project:
             pooled = kernels.seq_pool(out, lengths, spec.method, normalize=spec.normalize,
                                       dimensions=spec.dimensions)
         else:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from poolwire.models.chunking import Chunks, chunk_sequences
 from poolwire.models.model import LoadedModel, ModelKind
 from poolwire.models.model_fields import prompt_for
 from poolwire.models.ranking import maxsim, rank
@@ -46,6 +47,9 @@ class PoolSpec:
     dimensions: int | None = None
     activation: str = "none"         # "softmax" | "sigmoid" | "none" (logits)
     max_active_dims: int | None = None  # MLM_LOGITS: keep the k largest weights
+    # False: the pooled vector as it leaves the pooling, before Dense (a chunk of a longer
+    # input, whose item is finished once its chunks are combined: chunking.py).
+    project: bool = True
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class TaskPlan:
     # How a pair's outputs become its score (pairs only): ScoreMethod.COSINE, MAXSIM or DOT.
     pair_score: str = ScoreMethod.COSINE
     rerank: Rerank | None = None
+    # Chunked processing: item i combines the chunks chunks.groups[i]; None: one sequence each.
+    chunks: Chunks | None = None
 
     def extras(self, index: int, rows: np.ndarray) -> dict | None:
         """What an item carries besides its data: tokens, offsets, entities, document."""
@@ -88,6 +94,8 @@ class TaskPlan:
 
     @property
     def n_items(self) -> int:
+        if self.chunks is not None:
+            return len(self.chunks.groups)
         return len(self.pairs) if self.pairs is not None else len(self.sequences)
 
     @property
@@ -182,9 +190,11 @@ def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokeni
 
 
 def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
-              tokenizing: Tokenizing, score_method: str | None = None) -> TaskPlan:
+              tokenizing: Tokenizing, *, score_method: str | None = None,
+              max_embed_len: int | None = None) -> TaskPlan:
     """Tokenize a validated request and say what to compute; raises input_too_long.
-    `score_method`: how this deployment scores (None: the model's default_score_method)."""
+    `score_method`: how this deployment scores (None: the model's default_score_method);
+    `max_embed_len`: chunked processing of embed inputs up to that many tokens."""
     cut, side = request.truncate_prompt_tokens, request.truncation_side
     prompt = prompt_for(task, request, model.prompts, model.default_prompt_name)
     if task is Task.SCORE:
@@ -209,16 +219,22 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
     texts, ids = normalise_input(request.input)
     grouping = request.aggregation not in (None, "none")
     offsets = bool(request.return_tokens) or grouping
+    # Chunks are pooled with the model's pooling (PROTOCOL 1.2); a sparse model's SPLADE
+    # pooling is not, so its long inputs keep the usual length rules.
+    longest = max_embed_len if task is Task.EMBED and model.sparse is None else None
     if texts is not None:
-        seqs = tokenizing.texts([prompt + t for t in texts], cut, side, offsets=offsets)
+        seqs = tokenizing.texts([prompt + t for t in texts], cut, side, offsets=offsets,
+                                longest=longest)
     else:
-        seqs = tokenizing.token_ids(ids, cut, side)
+        seqs = tokenizing.token_ids(ids, cut, side, longest=longest)
     if task is Task.EMBED and model.sparse is not None:
         spec = PoolSpec(Forward.MLM_LOGITS, normalize=_normalize(model, request),
                         max_active_dims=request.max_active_dims)
     elif task is Task.EMBED:
         spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method,
                         normalize=_normalize(model, request), dimensions=request.dimensions)
+        if longest is not None and any(len(s) > model.max_length for s in seqs):
+            return chunked_plan(seqs, spec, model.max_length)
     elif task is Task.TOKEN_EMBED:
         spec = PoolSpec(Forward.HIDDEN, token_level=True, normalize=_normalize(model, request),
                         dimensions=request.dimensions)
@@ -235,6 +251,14 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
     return TaskPlan(seqs, spec, token_meta=meta, entities=entities)
 
 
+def chunked_plan(seqs: list[TokenSeq], spec: PoolSpec, max_length: int) -> TaskPlan:
+    """Every input cut into chunks of the maximum length, pooled before Dense; the item's
+    Dense, dimensions and normalisation wait until its chunks are combined (assembly.py)."""
+    chunk_seqs, groups = chunk_sequences(seqs, max_length)
+    raw = PoolSpec(Forward.HIDDEN, method=spec.method, project=False)
+    return TaskPlan(chunk_seqs, raw, chunks=Chunks(groups, finish=spec))
+
+
 def cosine_items(plan: TaskPlan, outputs: dict[int, np.ndarray]) -> list[np.ndarray]:
     """Bi-encoder scores of each pair: the dot product of L2-normalised embeddings (cosine) or
     of sparse vectors (dot), or MaxSim of token rows (late interaction)."""
@@ -244,16 +268,3 @@ def cosine_items(plan: TaskPlan, outputs: dict[int, np.ndarray]) -> list[np.ndar
     if plan.pair_score == ScoreMethod.DOT:
         return [np.asarray(outputs[i].dot(outputs[j])) for i, j in plan.pairs]
     return [np.asarray(np.dot(outputs[i], outputs[j]), dtype=np.float32) for i, j in plan.pairs]
-
-
-def reply_items(plan: TaskPlan, outputs: dict[int, object]) -> list[tuple[int, object]]:
-    """(index, value) of every item the reply carries, in the order it carries them: by index,
-    or for the rerank form by score (highest first) and cut to top_n."""
-    if plan.pairs is not None:
-        items = list(enumerate(cosine_items(plan, outputs)))
-    else:
-        items = sorted(outputs.items())
-    if plan.rerank is None:
-        return items
-    scores = [float(np.asarray(v).reshape(-1)[0]) for _, v in items]
-    return [items[k] for k in rank(scores, plan.rerank.top_n)]

@@ -46,7 +46,13 @@ def normalise_input(value) -> tuple[list[str] | None, list[list[int]] | None]:
     return None, [list(v) for v in value]
 
 
-def _too_long(index: int, length: int, max_length: int) -> PoolingError:
+def _too_long(index: int, length: int, max_length: int, chunked: bool = False) -> PoolingError:
+    if chunked:  # the limit is --max-embed-len, not the model's own
+        return PoolingError(ErrorCode.INPUT_TOO_LONG,
+                            f"input {index} has {length} tokens, over this worker's chunked "
+                            f"processing limit (max_embed_len) of {max_length}; shorten it, set "
+                            f"truncate_prompt_tokens, or raise --max-embed-len",
+                            max_tokens=max_length, index=index)
     return PoolingError(ErrorCode.INPUT_TOO_LONG,
                         f"input {index} has {length} tokens, over the model's maximum of "
                         f"{max_length}; shorten it or set truncate_prompt_tokens (-1 truncates "
@@ -66,10 +72,12 @@ class Tokenizing:
         self.max_length = max_length
 
     def texts(self, texts: list[str], truncate: int | None, side: str,
-              offsets: bool = False) -> list[TokenSeq]:
+              offsets: bool = False, longest: int | None = None) -> list[TokenSeq]:
+        """`longest`: accept untruncated inputs up to this many tokens instead of the model's
+        maximum (chunked processing cuts them afterwards)."""
         limit = truncation_limit(truncate, self.max_length)
         if not offsets:
-            return [TokenSeq(seq) for seq in self._encode(texts, limit, side)]
+            return [TokenSeq(seq) for seq in self._encode(texts, limit, side, longest=longest)]
         if not getattr(self._tok, "is_fast", False):
             raise invalid("return_tokens and aggregation need character offsets, which this "
                           "model's (slow) tokenizer cannot give; leave them out",
@@ -85,7 +93,8 @@ class Tokenizing:
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return self._tok.convert_ids_to_tokens(ids)
 
-    def token_ids(self, sequences: list[list[int]], truncate: int | None, side: str) -> list[TokenSeq]:
+    def token_ids(self, sequences: list[list[int]], truncate: int | None, side: str,
+                  longest: int | None = None) -> list[TokenSeq]:
         """Token ids are used as given: no special tokens are added, and a cut is a plain cut."""
         limit = truncation_limit(truncate, self.max_length)
         vocab = len(self._tok)
@@ -96,8 +105,8 @@ class Tokenizing:
                               f"{vocab} ids", field="input")
             if limit is not None and len(seq) > limit:
                 seq = _cut(seq, limit, side)
-            elif limit is None and len(seq) > self.max_length:
-                raise _too_long(i, len(seq), self.max_length)
+            elif limit is None and len(seq) > (longest or self.max_length):
+                raise _too_long(i, len(seq), longest or self.max_length, longest is not None)
             out.append(TokenSeq(seq))
         return out
 
@@ -115,7 +124,7 @@ class Tokenizing:
             out.append(TokenSeq(ids, types))
         return out
 
-    def _encode(self, texts, limit, side, with_offsets: bool = False):
+    def _encode(self, texts, limit, side, with_offsets: bool = False, longest: int | None = None):
         """The ids of each text, or with_offsets the whole encoding (ids, offset_mapping,
         special_tokens_mask)."""
         self._tok.truncation_side = side
@@ -126,6 +135,6 @@ class Tokenizing:
         ids = enc["input_ids"]
         if limit is None:
             for i, seq in enumerate(ids):
-                if len(seq) > self.max_length:
-                    raise _too_long(i, len(seq), self.max_length)
+                if len(seq) > (longest or self.max_length):
+                    raise _too_long(i, len(seq), longest or self.max_length, longest is not None)
         return enc if with_offsets else ids

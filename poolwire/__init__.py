@@ -1,7 +1,8 @@
 """poolwire: pooling models (embeddings, classifiers, cross-encoders, token classifiers) served
 to event-driven pipelines over NATS.
 
-The public API lives here: the client, the worker settings and the task names. The worker's
+The public API lives here: the client, the worker settings, the task names, and the offline
+API (`PoolingModel` with `PoolerConfig`, its exceptions and deprecation warning). The worker's
 parts are `poolwire.actors` (runtime, actors, engine), `poolwire.kernels` (pooling kernels) and
 `poolwire.schemas` (wire types); importing `poolwire` alone loads neither torch nor a model.
 """
@@ -9,6 +10,11 @@ parts are `poolwire.actors` (runtime, actors, engine), `poolwire.kernels` (pooli
 from importlib.metadata import PackageNotFoundError, version
 
 from poolwire.client import PoolingClient, PoolingServiceError
+from poolwire.offline_errors import (DeadlineExceededError, InputTooLongError, InternalError,
+                                     InvalidRequestError, OverloadedError, PayloadTooLargeError,
+                                     PoolingDeprecationWarning, PoolingModelError,
+                                     TaskNotConfiguredError, UnsupportedTaskError)
+from poolwire.pooler_config import PoolerConfig
 from poolwire.schemas.tasks import TASK_ORDER, Task
 from poolwire.settings import WorkerSettings
 
@@ -18,4 +24,16 @@ except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0.0.0"
 
 __all__ = ["PoolingClient", "PoolingServiceError", "TASK_ORDER", "Task", "WorkerSettings",
-           "__version__"]
+           "__version__", "PoolingModel", "PoolerConfig", "PoolingDeprecationWarning",
+           "PoolingModelError", "InvalidRequestError", "UnsupportedTaskError",
+           "TaskNotConfiguredError", "InputTooLongError", "PayloadTooLargeError",
+           "OverloadedError", "DeadlineExceededError", "InternalError"]
+
+
+def __getattr__(name: str):
+    # PoolingModel brings torch and transformers: loaded on first use, not by `import poolwire`.
+    if name == "PoolingModel":
+        from poolwire.offline import PoolingModel
+
+        return PoolingModel
+    raise AttributeError(f"module 'poolwire' has no attribute {name!r}")

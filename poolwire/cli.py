@@ -368,7 +368,9 @@ def main(argv=None) -> int:
         try:
             settings = WorkerSettings(_cli_settings_source=serve_options(parsed_args=args))
         except ValidationError as exc:
-            print(f"poolwire: {exc}", file=sys.stderr)
+            conflicts = [e["msg"] for e in exc.errors() if e["type"] == "pooler_config_conflict"]
+            # A conflict names both options in one sentence; pydantic's layout adds only noise.
+            print(f"poolwire: {conflicts[0] if conflicts else exc}", file=sys.stderr)
             return 2
         # SIGTERM while the model loads (before the worker's own handlers exist) stops it
         # like Ctrl-C: nothing is in flight yet, so that is a clean stop.

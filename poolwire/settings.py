@@ -6,8 +6,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, CliImplicitFlag, PydanticBaseSettingsSource, SettingsConfigDict
+
+from poolwire.pooler_config import PoolerConfig, vllm_spelling
 
 ENV_PREFIX = "POOLWIRE_"
 
@@ -43,9 +46,21 @@ class WorkerSettings(BaseSettings):
         "exact", description="exact: the weights' own dtype; fast: float32 weights under bfloat16 "
                              "autocast (CPUs with native bfloat16, else float32) or float16 "
                              "autocast (CUDA)")
-    task: str | None = Field(None, description="the configured task; default: the priority rule")
+    # The task-policy settings are PoolerConfig's own fields (same names, defaults and
+    # descriptions), validated through it (_through_pooler_config below).
+    task: str | None = Field(None, description=PoolerConfig.model_fields["task"].description)
     multitask: Literal["warn", "reject"] = Field(
-        "warn", description="requests on other supported tasks: served with a warning, or refused")
+        "warn", description=PoolerConfig.model_fields["multitask"].description)
+    chunked_processing: CliImplicitFlag[bool] = Field(
+        False, description=PoolerConfig.model_fields["chunked_processing"].description)
+    max_embed_len: int | None = Field(
+        None, ge=1, description=PoolerConfig.model_fields["max_embed_len"].description)
+    pooler_config: PoolerConfig = Field(
+        default_factory=PoolerConfig,
+        description="vLLM's names for the four options above: --pooler-config.task T, or a JSON "
+                    "object such as '{\"task\": \"embed\", \"max_embed_len\": 4096}' (also "
+                    "POOLWIRE_POOLER_CONFIG); a value given both here and by its own option must "
+                    "agree")
     prefix: str = Field("pooling", description="subject prefix P: requests on P.<task>")
     queue: str = Field("poolwire", description="queue group shared by the workers")
     allow_mixed_queue: bool = Field(
@@ -115,7 +130,8 @@ class WorkerSettings(BaseSettings):
         None, description="document field holding its id; default: the stream sequence")
     pipeline_task: str | None = Field(None, description="pipeline task; default: the configured task")
     pipeline_truncate: CliImplicitFlag[bool] = Field(
-        True, description="cut documents longer than the model's maximum instead of failing them")
+        True, description="cut documents longer than the model's maximum instead of failing them "
+                          "(an embed pipeline with --chunked-processing embeds them whole)")
     metrics_port: int | None = Field(
         None, ge=0, le=65535,
         description="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port); none: off")
@@ -148,6 +164,15 @@ class WorkerSettings(BaseSettings):
         raise ValueError(f"--max-added-padding {value!r}: give a number of tokens (0 or more) "
                          f"or auto")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _through_pooler_config(cls, data):
+        """Merge --pooler-config into --task & co., refusing a value given both ways that
+        disagrees, and validate the result as one PoolerConfig."""
+        if not isinstance(data, dict):
+            return data
+        return merge_pooler_config(data)
+
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
                                    dotenv_settings, file_secret_settings):
@@ -158,3 +183,55 @@ class WorkerSettings(BaseSettings):
     @classmethod
     def env_name(cls, field: str) -> str:
         return ENV_PREFIX + field.upper()
+
+
+POOLER_FIELDS = tuple(PoolerConfig.model_fields)
+
+
+def _one_field(name: str, value):
+    """A single value as PoolerConfig reads it (so "true" from an option equals True)."""
+    try:
+        return getattr(PoolerConfig.model_validate(
+            {name: value, **({"chunked_processing": True} if name == "max_embed_len" else {})}), name)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        errors = getattr(exc, "errors", None)
+        raise ValueError(errors()[0]["msg"] if errors else str(exc)) from None
+
+
+def merge_pooler_config(data: dict) -> dict:
+    data = dict(data)
+    nested = data.get("pooler_config")
+    if isinstance(nested, PoolerConfig):
+        nested = nested.model_dump(exclude_unset=True)
+    elif isinstance(nested, str):
+        import json
+
+        try:
+            nested = json.loads(nested)
+        except ValueError:
+            raise ValueError(f"--pooler-config {nested!r} is not a JSON object: give e.g. "
+                             f"'{{\"task\": \"embed\"}}', or --pooler-config.task embed") from None
+    if nested is not None and not isinstance(nested, dict):
+        raise ValueError(f"--pooler-config {nested!r} is not a JSON object: give e.g. "
+                         f"'{{\"task\": \"embed\"}}', or --pooler-config.task embed")
+    nested = vllm_spelling(dict(nested or {}))
+    unknown = sorted(set(nested) - set(POOLER_FIELDS))
+    if unknown:
+        raise ValueError(f"--pooler-config has no {', '.join(unknown)}: its keys are "
+                         f"{', '.join(POOLER_FIELDS)}")
+    for name, value in nested.items():
+        if value is None:
+            continue
+        if data.get(name) is not None and _one_field(name, data[name]) != _one_field(name, value):
+            flag = name.replace("_", "-")
+            raise PydanticCustomError(
+                "pooler_config_conflict",
+                "--{flag} {own} (or {env}) conflicts with --pooler-config.{flag} {value} (or "
+                "--pooler-config JSON, POOLWIRE_POOLER_CONFIG): they name the same setting; "
+                "give one of them, or the same value",
+                {"flag": flag, "own": data[name], "env": ENV_PREFIX + name.upper(),
+                 "value": value})
+        data[name] = value
+    given = {n: data[n] for n in POOLER_FIELDS if data.get(n) is not None}
+    data["pooler_config"] = PoolerConfig.model_validate(given)
+    return data

@@ -16,10 +16,10 @@ async def test_fifty_crashing_requests_are_answered_internal_and_the_engine_carr
         minilm, start_worker, nc, prefix, monkeypatch):
     real_plan_task = engine_module.plan_task
 
-    def plan_task(task, request, model, tokenizing):
+    def plan_task(task, request, model, tokenizing, **options):
         if request.input == "explode":  # a bug that only this input reaches
             raise RuntimeError("a bug in planning")
-        return real_plan_task(task, request, model, tokenizing)
+        return real_plan_task(task, request, model, tokenizing, **options)
 
     monkeypatch.setattr(engine_module, "plan_task", plan_task)
     async with start_worker(minilm) as worker:

@@ -39,10 +39,12 @@ def test_every_setting_is_a_serve_option_with_its_description():
     parser, _ = build_parser()
     serve = parser._subparsers._group_actions[0].choices["serve"]
     options = {a.option_strings[0]: a.help for a in serve._actions if a.dest != "help"}
+    # A nested model's description heads its own group of options (--pooler-config.*).
+    groups = {g.title: g.description for g in serve._action_groups}
     for name, field in WorkerSettings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         assert flag in options, flag
-        assert field.description in options[flag]
+        assert field.description in (groups.get(f"{flag[2:]} options") or options[flag])
     assert WorkerSettings.env_name("max_wait_ms") == "POOLWIRE_MAX_WAIT_MS"
 
 
