@@ -35,14 +35,19 @@ CALIBRATION_SHAPES: tuple[tuple[int, int], ...] = ((1, 16), (4, 16), (4, 64), (8
 CALIBRATION_REPEATS = 2  # the fastest of these runs counts: other load only ever adds time
 MIN_BUDGET = 1
 CPU_BUDGET = 16  # tokens, for float32 on a CPU: the README's sweep of 8 / 16 / 32
+OPENVINO_CPU_BUDGET = 16  # tokens, for OpenVINO on a CPU (measured below)
 AUTO = "auto"
 
 
-def budget_rule(requested: int | str | None, device_type: str) -> int | str:
+def budget_rule(requested: int | str | None, device_type: str,
+                backend: str = "torch") -> int | str:
     """`--max-added-padding` as given (a number of tokens, or "auto": measure), or by default
-    "auto" on CUDA and CPU_BUDGET elsewhere (see the module's docstring for why)."""
+    "auto" on CUDA, OPENVINO_CPU_BUDGET for OpenVINO and CPU_BUDGET for torch on a CPU (see the
+    module's docstring for why)."""
     if requested is None:
-        return AUTO if device_type == "cuda" else CPU_BUDGET
+        if device_type == "cuda":
+            return AUTO
+        return OPENVINO_CPU_BUDGET if backend == "openvino" else CPU_BUDGET
     return requested
 
 

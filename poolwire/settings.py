@@ -43,6 +43,10 @@ class WorkerSettings(BaseSettings):
         "exact", description="exact: the weights' own dtype; fast: float32 weights under bfloat16 "
                              "autocast (CPUs with native bfloat16, else float32) or float16 "
                              "autocast (CUDA)")
+    backend: Literal["auto", "torch", "openvino"] = Field(
+        "auto", description="what computes the model: openvino (CPU), torch, or auto: OpenVINO "
+                            "on a CPU where it is installed, converts the model and gives "
+                            "torch's outputs, else torch")
     task: str | None = Field(None, description="the configured task; default: the priority rule")
     multitask: Literal["warn", "reject"] = Field(
         "warn", description="requests on other supported tasks: served with a warning, or refused")
