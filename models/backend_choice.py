@@ -131,7 +131,7 @@ _shared: dict = {}
 def _shared_openvino(model: LoadedModel, precision: PrecisionPlan, cache_dir: Path | None):
     from poolwire.models.openvino_backend import OpenVinoBackend, forwards_for
 
-    key = (id(model), precision, str(cache_dir))
+    key = (id(model), precision)  # where it is cached on disk does not change what it computes
     entry = _shared.get(key)
     if entry is not None and entry[0]() is model:
         return entry[1], entry[2]
