@@ -164,19 +164,26 @@ async def test_discovery_and_stats_say_openvino_serves(minilm, start_worker, nc,
 
 # ---- the cache, and the fallbacks ----
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def fresh_model(small_model_dirs):
     """A model object no backend was built for yet in this process (the process shares one
     per loaded model), so each of these tests starts as a new worker process would."""
     return lambda: load_model(small_model_dirs["seq1"])
 
 
-def test_a_second_start_reuses_the_cached_conversion(fresh_model, tmp_path):
-    first = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path)
+@pytest.fixture(scope="module")
+def first_start(fresh_model, tmp_path_factory):
+    """One conversion into a state dir, shared by the tests below: (dir, the backend)."""
+    cache = tmp_path_factory.mktemp("openvino-state")
+    return cache, build_backend("openvino", fresh_model(), "exact", "float32", cache)
+
+
+def test_a_second_start_reuses_the_cached_conversion(first_start, fresh_model):
+    cache, first = first_start
     assert "(converted seq_logits, token_logits)" in first.describe()
-    assert list((tmp_path / "ir").glob("*/seq_logits.xml")), "the IR is saved in the state dir"
-    assert any((tmp_path / "compiled").iterdir()), "OpenVINO's compiled blob is cached too"
-    second = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path)
+    assert list((cache / "ir").glob("*/seq_logits.xml")), "the IR is saved in the state dir"
+    assert any((cache / "compiled").iterdir()), "OpenVINO's compiled blob is cached too"
+    second = build_backend("openvino", fresh_model(), "exact", "float32", cache)
     assert "(reused the cached seq_logits, token_logits)" in second.describe()
     ids = torch.tensor([[101, 7592, 2088, 102]])
     ones, zeros = torch.ones_like(ids), torch.zeros_like(ids)
@@ -184,11 +191,21 @@ def test_a_second_start_reuses_the_cached_conversion(fresh_model, tmp_path):
                        second.run("seq_logits", ids, ones, zeros))
 
 
-def test_another_model_is_not_served_from_the_cache(fresh_model, small_model_dirs, tmp_path):
-    build_backend("openvino", fresh_model(), "exact", "float32", tmp_path)
-    other = build_backend("openvino", load_model(small_model_dirs["seq3"]), "exact", "float32",
-                          tmp_path)
-    assert "converted" in other.describe() and "reused" not in other.describe()
+def test_the_cache_key_follows_the_model_files_and_the_versions(fresh_model, small_model_dirs,
+                                                                tmp_path):
+    import shutil
+
+    from poolwire.models.openvino_backend import cache_key
+
+    model = fresh_model()
+    key = cache_key(model, "seq_logits", "2026.4.1")
+    assert cache_key(fresh_model(), "seq_logits", "2026.4.1") == key
+    assert cache_key(model, "token_logits", "2026.4.1") != key
+    assert cache_key(model, "seq_logits", "2026.5.0") != key
+    copy = shutil.copytree(model.path, tmp_path / "copy")
+    assert cache_key(load_model(copy), "seq_logits", "2026.4.1") == key  # a copy is the same
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace("}", ' }'))
+    assert cache_key(load_model(copy), "seq_logits", "2026.4.1") != key  # an edit is not
 
 
 def test_a_model_openvino_cannot_convert_falls_back_to_torch(fresh_model, tmp_path,
@@ -208,12 +225,13 @@ def test_a_model_openvino_cannot_convert_falls_back_to_torch(fresh_model, tmp_pa
         build_backend("openvino", fresh_model(), "exact", "float32", tmp_path)
 
 
-def test_outputs_that_differ_from_torch_fall_back_to_torch(fresh_model, tmp_path, monkeypatch):
+def test_outputs_that_differ_from_torch_fall_back_to_torch(first_start, fresh_model,
+                                                            monkeypatch):
     from poolwire.models.openvino_backend import OpenVinoBackend
 
     real = OpenVinoBackend.run
     monkeypatch.setattr(OpenVinoBackend, "run", lambda self, *a: real(self, *a) + 0.01)
-    served = build_backend("auto", fresh_model(), "exact", "float32", tmp_path)
+    served = build_backend("auto", fresh_model(), "exact", "float32", first_start[0])
     assert served.name == "torch"
     assert "OpenVINO's seq_logits pass on the check batch: its outputs differ" in served.describe()
 
