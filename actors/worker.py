@@ -54,7 +54,7 @@ class Worker:
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
         # --backend: OpenVINO's compiled model lives in the state dir (models/backend_choice.py).
         self.backend = build_backend(settings.backend, model, settings.precision, settings.dtype,
-                                     settings.state_dir / "openvino")
+                                     settings.state_dir / "openvino", settings.openvino_threads)
         self.precision = self.backend.precision
         # The planner's padding budget: a number, or from this device's and precision's measured
         # forward-pass cost (actors/batch_cost.py; measuring also warms the model up).

@@ -128,14 +128,15 @@ def _openvino_missing() -> str | None:
 _shared: dict = {}
 
 
-def _shared_openvino(model: LoadedModel, precision: PrecisionPlan, cache_dir: Path | None):
+def _shared_openvino(model: LoadedModel, precision: PrecisionPlan, cache_dir: Path | None,
+                     threads: int | None):
     from poolwire.models.openvino_backend import OpenVinoBackend, forwards_for
 
-    key = (id(model), precision)  # where it is cached on disk does not change what it computes
+    key = (id(model), precision, threads)  # where it is cached on disk does not change what it computes
     entry = _shared.get(key)
     if entry is not None and entry[0]() is model:
         return entry[1], entry[2]
-    backend = OpenVinoBackend(model, precision, cache_dir)
+    backend = OpenVinoBackend(model, precision, cache_dir, threads)
     ids, mask, types = check_batch(model)
     reference = TorchBackend(model)
     why = None
@@ -151,7 +152,7 @@ def _shared_openvino(model: LoadedModel, precision: PrecisionPlan, cache_dir: Pa
 
 
 def build_backend(requested: str, model: LoadedModel, precision: str, weights_dtype: str,
-                  cache_dir: Path | None) -> Backend:
+                  cache_dir: Path | None, threads: int | None = None) -> Backend:
     """The backend `--backend` asks for on this machine and model (see the module's
     docstring); raises BackendError where `openvino` was asked for and cannot serve."""
     from poolwire.models.openvino_backend import OpenVinoUnavailable
@@ -167,7 +168,7 @@ def build_backend(requested: str, model: LoadedModel, precision: str, weights_dt
         ov_plan = choose_openvino_precision(
             precision, weights_dtype, ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
         try:
-            backend, why = _shared_openvino(model, ov_plan, cache_dir)
+            backend, why = _shared_openvino(model, ov_plan, cache_dir, threads)
         except OpenVinoUnavailable as exc:
             backend, why = None, str(exc)
         if why is None:

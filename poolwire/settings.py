@@ -47,6 +47,9 @@ class WorkerSettings(BaseSettings):
         "auto", description="what computes the model: openvino (CPU), torch, or auto: OpenVINO "
                             "on a CPU where it is installed, converts the model and gives "
                             "torch's outputs, else torch")
+    openvino_threads: int | None = Field(
+        None, ge=1, description="OpenVINO's inference threads (INFERENCE_NUM_THREADS); default: "
+                                "one per core less one for the event loop, at least one")
     task: str | None = Field(None, description="the configured task; default: the priority rule")
     multitask: Literal["warn", "reject"] = Field(
         "warn", description="requests on other supported tasks: served with a warning, or refused")
