@@ -49,7 +49,7 @@ class WorkerSettings(BaseSettings):
                             "torch's outputs, else torch")
     openvino_threads: int | None = Field(
         None, ge=1, description="OpenVINO's inference threads (INFERENCE_NUM_THREADS); default: "
-                                "one per core less one for the event loop, at least one")
+                                "OpenVINO's own, one per core under its LATENCY hint")
     task: str | None = Field(None, description="the configured task; default: the priority rule")
     multitask: Literal["warn", "reject"] = Field(
         "warn", description="requests on other supported tasks: served with a warning, or refused")
