@@ -28,9 +28,17 @@ ENV_DIR = ROOT / ".poolwire" / "bench-peers"
 class Peer:
     key: str              # the row's key: inprocess-<key>
     label: str
-    precision: str        # which poolwire mode it is the peer of: exact or fast
+    precision: str        # which poolwire mode it is the peer of: exact, fast, or "native"
     backend: str          # SentenceTransformer(backend=...)
     model_kwargs: dict = field(default_factory=dict)
+    mode: str = "float32"  # the table's mode column
+
+    def peer_of(self, cpu_has_bf16: bool) -> str:
+        """OpenVINO's default hint is bf16 only where the CPU has it; elsewhere it is f32, and
+        then a peer of the exact rows (the fast rows serve exact there too)."""
+        if self.precision == "native":
+            return "fast" if cpu_has_bf16 else "exact"
+        return self.precision
 
     def kwargs_json(self) -> str:
         return json.dumps({"backend": self.backend, "model_kwargs": self.model_kwargs})
@@ -40,7 +48,8 @@ class Peer:
 PEERS = (
     Peer("st-openvino-f32", "in-process encode, backend openvino, f32 hint", "exact", "openvino",
          {"ov_config": {"INFERENCE_PRECISION_HINT": "f32"}}),
-    Peer("st-openvino", "in-process encode, backend openvino, default hint", "fast", "openvino"),
+    Peer("st-openvino", "in-process encode, backend openvino, default hint", "native", "openvino",
+         mode="default hint"),
     Peer("st-onnx", "in-process encode, backend onnx (ONNX Runtime)", "exact", "onnx"),
 )
 
@@ -68,6 +77,15 @@ def peer_python(log) -> str:
         raise RuntimeError(f"pip could not build the peers' virtualenv:\n{out.stderr[-3000:]}")
     stamp.write_text(REQUIREMENT)
     return str(python)
+
+
+def openvino_has_bf16() -> bool:
+    """Whether OpenVINO's CPU plugin computes bf16 natively here (what its default hint picks)."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return False
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 def load_peer(model: str, kwargs_json: str, device: str):

@@ -451,9 +451,9 @@ def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
                 batch["peak_rss_mib"], requests=len(batch["latencies_ms"]),
                 latency_unit=f"batch of {args.batch_size}", task=task,
                 cpu_s={"inprocess": batch["cpu_s"], "background": batch["background"]},
-                peer_of="exact" if peer is None else peer.precision)]
+                peer_of="exact" if peer is None else peer.peer_of(args.openvino_bf16))]
     if peer is not None:
-        rows[0].mode = {"exact": "float32", "fast": "default"}[peer.precision]
+        rows[0].mode = peer.mode
     if single is not None:
         rows.append(Row("inprocess-1" if peer is None else f"inprocess-1-{peer.key}",
                         "in-process encode([short]), one call at a time" if peer is None
@@ -462,6 +462,7 @@ def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
                         single["latencies_ms"], single["peak_rss_mib"], requests=single["calls"],
                         latency_unit="call", peer_of=rows[0].peer_of,
                         cpu_s={"inprocess": single["cpu_s"], "background": single["background"]}))
+        rows[-1].mode = rows[0].mode
     return rows
 
 
@@ -865,7 +866,10 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
                     from bench.peers import PEERS, peer_python
                     from bench.precision_modes import embed_accuracy
 
+                    from bench.peers import openvino_has_bf16
+
                     python = peer_python(_log)
+                    args.openvino_bf16 = openvino_has_bf16()
                     for peer in PEERS:
                         out = str(Path(tmp) / f"peer-{peer.key}.npy")
                         rows = run_inprocess(args, count_tokens, "embed", out, peer, python)
