@@ -36,10 +36,18 @@ log = logging.getLogger(__name__)
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
-# Threads, streams and infer requests, from a measurement on this 2-core AVX2 machine (shared
-# with other work, so noisy; bench/openvino_threads.py, MiniLM, batches of 32 texts through one
-# worker at concurrency 64): see THREADS below. One stream with one infer request is what the
-# engine's one forward thread can feed; the LATENCY hint makes OpenVINO pick exactly that.
+# Threads, streams and infer requests. The LATENCY hint gives one stream with a thread per core
+# (INFERENCE_NUM_THREADS unset; `--openvino-threads` overrides it) and one infer request, which
+# is what the engine's one forward thread feeds, one batch at a time. Measured through a worker
+# (bench/throughput.py --configs c1,c64, MiniLM, 300 texts, 2-core AVX2 machine shared with
+# other work at 1.2 to 1.3 cores): at concurrency 64 the event loop (decoding, tokenizing,
+# NATS) used 0.4 CPU s against 9.4 for OpenVINO's threads, at concurrency 1 0.8 against 12.5:
+# the loop needs 3% to 6% of what the forward pass does, so OpenVINO gets both cores and the
+# loop's short bursts interleave. A second stream with a second infer request would halve each
+# batch's threads to run two batches the planner rarely has ready (10 texts a batch at
+# concurrency 64). An A/B of 1 against 2 threads could not be measured cleanly: the other
+# processes' load moved between 0.7 and 1.7 cores from one run to the next (13.5 and 39.3
+# texts/s), more than any thread setting would.
 PERFORMANCE_HINT = "LATENCY"
 
 
