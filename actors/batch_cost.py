@@ -35,15 +35,16 @@ CALIBRATION_SHAPES: tuple[tuple[int, int], ...] = ((1, 16), (4, 16), (4, 64), (8
 CALIBRATION_REPEATS = 2  # the fastest of these runs counts: other load only ever adds time
 MIN_BUDGET = 1
 CPU_BUDGET = 16  # tokens, for float32 on a CPU: the README's sweep of 8 / 16 / 32
-# Tokens, for OpenVINO on a CPU: torch's figure, since the measurement could not tell them apart.
-# measure_batch_cost on the OpenVINO backend (MiniLM, f32: `fast` serves f32 on this AVX2 CPU, so
-# both precisions are the same arithmetic here), three times on this 2-core machine under other
-# engineers' load of 8 to 20: fixed 5.4 / 33.1 / 0.0 ms, 1.47 / 1.00 / 1.48 ms a padded token,
-# budgets 4 / 33 / 1 (torch in the same runs: 119 / 161 / 211, its fixed cost 400 to 630 ms
-# where quiet it is 3.5). Both terms read the load, not the model; OpenVINO's lower per-token
-# cost and lower fixed cost move the budget in opposite directions, so 16 stays, inside the
-# 8 to 32 that the torch sweep found equally good, until a quiet machine measures it
-# (`--max-added-padding auto` does, per worker).
+# Tokens, for OpenVINO on a CPU: the median of eight measurements of measure_batch_cost on the
+# OpenVINO backend (MiniLM, f32; `fast` serves f32 on this AVX2 CPU, so both precisions are one
+# arithmetic here and were measured as such), at a load of 2.7 to 3.8 on these 2 cores (other
+# engineers' work): `bench/batch_cost_backends.py --runs 2 --repeats 8` and runs like it gave
+# fixed 1.0 to 8.6 ms, 0.155 to 0.394 ms a padded token, budgets 12, 12, 54, 1, 19, 40, 41 and 5
+# (median 15.5; torch in the same runs: 17 to 295, median 45). The per-token cost is torch's
+# (0.16 to 0.27 ms) and the fixed cost about half of it, which would halve the budget, but the
+# spread is wider than that difference: so 16, as for torch, inside the 8 to 32 the torch sweep
+# found equally good; `--max-added-padding auto` measures it per worker. Under a load of 8 to 20
+# the same measurement gave fixed 0 to 33 ms and 1.0 to 1.5 ms a token: the load, not the model.
 OPENVINO_CPU_BUDGET = 16
 AUTO = "auto"
 
