@@ -45,9 +45,13 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # the loop needs 3% to 6% of what the forward pass does, so OpenVINO gets both cores and the
 # loop's short bursts interleave. A second stream with a second infer request would halve each
 # batch's threads to run two batches the planner rarely has ready (10 texts a batch at
-# concurrency 64). An A/B of 1 against 2 threads could not be measured cleanly: the other
-# processes' load moved between 0.7 and 1.7 cores from one run to the next (13.5 and 39.3
-# texts/s), more than any thread setting would.
+# concurrency 64). Threads, 1 against 2 (`--openvino-threads`), interleaved runs of
+# `bench/throughput.py --configs c1,c64 --modes exact --texts 200 --settle-s 3` (texts/s at
+# concurrency 1 and 64, other processes' cores in brackets): 1 thread 27.5 / 33.9 (1.0),
+# 2 threads 17.9 / 29.0 (0.9-1.1), 1 thread 23.7 / 31.0 (0.7-0.9), 2 threads 36.0 / 51.5
+# (0.3). With a core taken by other work the two are within the noise; the quietest run, with
+# two threads, was the fastest (1.5x to 1.7x the one-thread runs). The event loop took 0.1 to 0.5 CPU s against 4.7 to 8.2 for
+# OpenVINO's threads in every run, so it never needed a core of its own: a thread per core.
 PERFORMANCE_HINT = "LATENCY"
 
 
