@@ -8,6 +8,9 @@ poolwire worker over a local nats-server, side by side on one deterministic work
     python bench/throughput.py --modes exact,fast,bfloat16   # precision modes, side by side
 
 Setups (`--configs`, comma separated):
+- `peers`: the in-process peers of bench/peers.py (Sentence-Transformers with its OpenVINO
+  backend, f32 hint and default hint, and its ONNX backend), each in a process of its own in a
+  virtualenv the benchmark builds once under .poolwire/bench-peers (the same rows as `inprocess`);
 - `inprocess`: `SentenceTransformer.encode(texts, batch_size=32)` in a subprocess of its own (so
   its peak RSS is the model's and not the load generator's), plus `encode([short])` repeated,
   the in-process floor of one short text's latency;
@@ -53,7 +56,7 @@ if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
 
 from bench.table import INPROCESS_KEY, NOISY_CORES, Report, Row, percentile  # noqa: E402,F401
 
-DEFAULT_CONFIGS = "inprocess,c1,c16,c64,4x32"
+DEFAULT_CONFIGS = "inprocess,peers,c1,c16,c64,4x32"
 QUICK_TEXTS = 200
 PREFIX = "bench.pooling"
 STATS_SERVICE = "poolwire"   # the workers' NATS micro service name ($SRV.STATS.poolwire)
@@ -722,7 +725,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--texts", type=int, default=2000, help="workload size (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--configs", type=parse_configs, default=None,
-                   help=f"setups to run, comma separated: inprocess, cN (N requests in flight, one "
+                   help=f"setups to run, comma separated: inprocess, peers, cN (N requests in flight, one "
                         f"text each), KxM (K clients, M texts per request), clsN (classify, N "
                         f"requests in flight); default {DEFAULT_CONFIGS}")
     p.add_argument("--quick", action="store_true",
