@@ -35,14 +35,29 @@ CALIBRATION_SHAPES: tuple[tuple[int, int], ...] = ((1, 16), (4, 16), (4, 64), (8
 CALIBRATION_REPEATS = 2  # the fastest of these runs counts: other load only ever adds time
 MIN_BUDGET = 1
 CPU_BUDGET = 16  # tokens, for float32 on a CPU: the README's sweep of 8 / 16 / 32
+# Tokens, for OpenVINO on a CPU: the median of eight measurements of measure_batch_cost on the
+# OpenVINO backend (MiniLM, f32; `fast` serves f32 on this AVX2 CPU, so both precisions are one
+# arithmetic here and were measured as such), at a load of 2.7 to 3.8 on these 2 cores (other
+# engineers' work): `bench/batch_cost_backends.py --runs 2 --repeats 8` and runs like it gave
+# fixed 1.0 to 8.6 ms, 0.155 to 0.394 ms a padded token, budgets 12, 12, 54, 1, 19, 40, 41 and 5
+# (median 15.5; torch in the same runs: 17 to 295, median 45). The per-token cost is torch's
+# (0.16 to 0.27 ms) and the fixed cost about half of it, which would halve the budget, but the
+# spread is wider than that difference: so 16, as for torch, inside the 8 to 32 the torch sweep
+# found equally good; `--max-added-padding auto` measures it per worker. Under a load of 8 to 20
+# the same measurement gave fixed 0 to 33 ms and 1.0 to 1.5 ms a token: the load, not the model.
+OPENVINO_CPU_BUDGET = 16
 AUTO = "auto"
 
 
-def budget_rule(requested: int | str | None, device_type: str) -> int | str:
+def budget_rule(requested: int | str | None, device_type: str,
+                backend: str = "torch") -> int | str:
     """`--max-added-padding` as given (a number of tokens, or "auto": measure), or by default
-    "auto" on CUDA and CPU_BUDGET elsewhere (see the module's docstring for why)."""
+    "auto" on CUDA, OPENVINO_CPU_BUDGET for OpenVINO and CPU_BUDGET for torch on a CPU (see the
+    module's docstring for why)."""
     if requested is None:
-        return AUTO if device_type == "cuda" else CPU_BUDGET
+        if device_type == "cuda":
+            return AUTO
+        return OPENVINO_CPU_BUDGET if backend == "openvino" else CPU_BUDGET
     return requested
 
 

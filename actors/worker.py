@@ -21,8 +21,7 @@ from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.metrics import QueueGauges, WorkerMetrics
 from poolwire.models.model import LoadedModel
-from poolwire.models.backend import TorchBackend
-from poolwire.models.precision import precision_for
+from poolwire.models.backend_choice import build_backend
 from poolwire.models.model_fields import ModelFacts
 from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone_or_alike
 from poolwire.actors.replier import Replier
@@ -69,12 +68,14 @@ class Worker:
         self.model = model
         self.policy = task_policy_for(model, settings)  # fails fast, before connecting
         self.max_embed_len = settings.pooler_config.embed_limit(model.max_length)
-        self.precision = precision_for(settings.precision, model.device, settings.dtype)
-        self.backend = TorchBackend(model, self.precision)
+        # --backend: OpenVINO's compiled model lives in the state dir (models/backend_choice.py).
+        self.backend = build_backend(settings.backend, model, settings.precision, settings.dtype,
+                                     settings.state_dir / "openvino", settings.openvino_threads)
+        self.precision = self.backend.precision
         # The planner's padding budget: a number, or from this device's and precision's measured
         # forward-pass cost (actors/batch_cost.py; measuring also warms the model up).
         self.batch_cost: BatchCost | None = None
-        budget = budget_rule(settings.max_added_padding, model.device.type)
+        budget = budget_rule(settings.max_added_padding, model.device.type, self.backend.name)
         if budget == AUTO:
             self.batch_cost = batch_cost_of(self.backend)
             budget = self.batch_cost.padding_budget(settings.max_batch_tokens)
@@ -244,6 +245,7 @@ class Worker:
                     "last_error": replier.last_error, "processing_time": busy_ns,
                     "average_processing_time": busy_ns // requests if requests else 0,
                     "data": {**self.stats.snapshot(), "batching": self.batching_stats(),
+                             "backend": self.backend.describe(),
                              **{i.name: i.counters() for i in self.intakes},
                              **({"cache": self.cache.counters()} if self.cache else {})}}
 

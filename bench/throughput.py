@@ -8,6 +8,9 @@ poolwire worker over a local nats-server, side by side on one deterministic work
     python bench/throughput.py --modes exact,fast,bfloat16   # precision modes, side by side
 
 Setups (`--configs`, comma separated):
+- `peers`: the in-process peers of bench/peers.py (Sentence-Transformers with its OpenVINO
+  backend, f32 hint and default hint, and its ONNX backend), each in a process of its own in a
+  virtualenv the benchmark builds once under .poolwire/bench-peers (the same rows as `inprocess`);
 - `inprocess`: `SentenceTransformer.encode(texts, batch_size=32)` in a subprocess of its own (so
   its peak RSS is the model's and not the load generator's), plus `encode([short])` repeated,
   the in-process floor of one short text's latency;
@@ -51,13 +54,13 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
-DEFAULT_CONFIGS = "inprocess,c1,c16,c64,4x32"
+from bench.table import INPROCESS_KEY, NOISY_CORES, Report, Row, percentile  # noqa: E402,F401
+
+DEFAULT_CONFIGS = "inprocess,peers,c1,c16,c64,4x32"
 QUICK_TEXTS = 200
 PREFIX = "bench.pooling"
-NOISY_CORES = 0.25           # other processes' load past which a row is flagged
 STATS_SERVICE = "poolwire"   # the workers' NATS micro service name ($SRV.STATS.poolwire)
 DERIVED_STATS = ("mean_batch_size", "padding_waste")
-INPROCESS_KEY = {"embed": "inprocess", "classify": "inprocess-classify"}  # each task's peer
 SHORT_MAX_WORDS = 30         # workload sentences have at most ~12 words, passages at least 60
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -68,16 +71,6 @@ def _log(message: str) -> None:
 
 def is_short(text: str) -> bool:
     return len(text.split()) <= SHORT_MAX_WORDS
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 # ---- setups --------------------------------------------------------------------------------
@@ -111,7 +104,7 @@ def parse_configs(spec: str) -> list[str | Setup]:
         key = raw.strip().lower()
         if not key:
             continue
-        if key == "inprocess":
+        if key in ("inprocess", "peers"):
             out.append(key)
         elif m := re.fullmatch(r"c(\d+)", key):
             out.append(Setup(key, 1, int(m.group(1)), 1))
@@ -121,7 +114,7 @@ def parse_configs(spec: str) -> list[str | Setup]:
             out.append(Setup(key, 1, int(m.group(1)), 1, "classify"))
         else:
             raise argparse.ArgumentTypeError(
-                f"unknown setup {raw!r} in --configs: use inprocess, cN (N requests in flight, "
+                f"unknown setup {raw!r} in --configs: use inprocess, peers, cN (N requests in flight, "
                 f"one text each), KxM (K clients, M texts per request) or clsN (classify, N "
                 f"requests in flight), e.g. {DEFAULT_CONFIGS}")
         if isinstance(out[-1], Setup) and min(out[-1].connections, out[-1].in_flight,
@@ -130,176 +123,6 @@ def parse_configs(spec: str) -> list[str | Setup]:
     if not out:
         raise argparse.ArgumentTypeError("--configs names no setup")
     return out
-
-
-# ---- results -------------------------------------------------------------------------------
-
-@dataclass
-class Row:
-    key: str
-    setup: str
-    texts: int
-    tokens: int
-    wall_s: float
-    latencies_ms: list[float]
-    peak_rss_mib: float | None
-    requests: int = 0
-    errors: int = 0
-    latency_unit: str = "request"
-    short_latencies_ms: list[float] = field(default_factory=list)  # one-short-text requests
-    cpu_s: dict[str, float] = field(default_factory=dict)           # where the CPU went
-    worker_stats: dict[str, float] = field(default_factory=dict)    # its $SRV.STATS, this phase
-    notes: list[str] = field(default_factory=list)
-    mode: str = "float32"                                           # precision mode run
-    accuracy: dict[str, float] = field(default_factory=dict)        # vs float32 outputs
-    task: str = "embed"
-
-    @property
-    def texts_per_s(self) -> float:
-        return self.texts / self.wall_s if self.wall_s > 0 else math.nan
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s > 0 else math.nan
-
-    @property
-    def p50_ms(self) -> float:
-        return percentile(self.latencies_ms, 50)
-
-    @property
-    def p99_ms(self) -> float:
-        return percentile(self.latencies_ms, 99)
-
-    def summary(self) -> dict:
-        d = asdict(self)
-        d.pop("latencies_ms")
-        d.pop("short_latencies_ms")
-        d.update(texts_per_s=self.texts_per_s, tokens_per_s=self.tokens_per_s,
-                 p50_ms=self.p50_ms, p99_ms=self.p99_ms,
-                 short_p50_ms=percentile(self.short_latencies_ms, 50))
-        return d
-
-
-@dataclass
-class Report:
-    command: str
-    texts: int
-    seed: int
-    rows: list[Row]
-    machine: str
-
-    def row(self, key: str) -> Row | None:
-        return next((r for r in self.rows if r.key == key), None)
-
-    def baseline_for(self, row: Row) -> Row | None:
-        """The in-process float32 run of the row's task: its throughput peer."""
-        return self.row(INPROCESS_KEY[row.task])
-
-    def latency_comparison(self) -> str | None:
-        single = self.row("inprocess-1")
-        pools = [r for r in self.rows if (r.key == "c1" or r.key.startswith("c1-"))
-                 and r.short_latencies_ms]
-        if single is None or not pools:
-            return None
-        b = single.p50_ms
-        lines = []
-        for pool in pools:
-            a = percentile(pool.short_latencies_ms, 50)
-            lines.append(f"latency, one short text: poolwire at concurrency 1 ({pool.mode}) p50 "
-                         f"{a:.2f} ms vs in-process encode([short]) p50 {b:.2f} ms: "
-                         f"{a - b:+.2f} ms ({a / b:.2f}x)")
-        return "\n".join(lines)
-
-    def throughput_comparison(self) -> str | None:
-        lines = []
-        for key in INPROCESS_KEY.values():
-            base = self.row(key)
-            parts = [f"{r.key} {r.texts_per_s / base.texts_per_s:.2f}x" for r in self.rows
-                     if base is not None and not r.key.startswith("inprocess")
-                     and self.baseline_for(r) is base]
-            if parts:
-                lines.append(f"throughput vs {base.setup}: " + ", ".join(parts))
-        return "\n".join(lines) or None
-
-    def markdown(self) -> str:
-        from bench.precision_modes import accuracy_cells
-
-        lines = ["| setup | mode | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process "
-                 "| min cos vs fp32 | mean cos vs fp32 | max abs diff vs fp32 |",
-                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for r in self.rows:
-            base = self.baseline_for(r)
-            ratio = f"{r.texts_per_s / base.texts_per_s:.2f}x" if base else "n/a (no inprocess run)"
-            rss = f"{r.peak_rss_mib:.0f}" if r.peak_rss_mib is not None else "n/a"
-            acc = accuracy_cells(r.task, r.accuracy, reference=r.key == INPROCESS_KEY[r.task])
-            lines.append(f"| {r.setup} | {r.mode} | {r.texts_per_s:.1f} | {r.tokens_per_s:.0f} | "
-                         f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {rss} | {ratio} | {' | '.join(acc)} |")
-        out = ["\n".join(lines), "",
-               f"{self.texts} texts (bench.workload.mixed_texts, seed {self.seed}: 70% short "
-               f"sentences, 30% passages of 60-200 words), {self.machine}. Latency is per request "
-               f"for poolwire, per batch for the in-process batch encode (which sorts its batches "
-               f"by length), per call for encode([short]). Peak RSS is VmHWM of the worker "
-               f"process, or of the in-process run's own process. Cosines compare each text's "
-               f"embedding with the in-process float32 one (n/a without an inprocess run); a "
-               f"mode's name says what was asked and, after an arrow, what the worker served "
-               f"when it differs (its $SRV.INFO metadata)."
-               + (" Classify rows serve a classifier built for this run from the same encoder "
-                  "with a seeded 4-label head (bench/classifier.py); their in-process peer runs "
-                  "it in float32 through transformers directly, in batches sorted by length "
-                  "as SentenceTransformer.encode sorts them; the last column is the largest "
-                  "absolute difference of any logit (use_activation false) from that peer's."
-                  if any(r.task == "classify" for r in self.rows) else ""),
-               "", f"command: {self.command}"]
-        for line in (self.throughput_comparison(), self.latency_comparison()):
-            if line:
-                out.append(line)
-        if any(r.cpu_s for r in self.rows):
-            out += ["", f"CPU seconds during the measured phase (the load generator and the "
-                        f"worker share this machine's {os.cpu_count()} cores):", "",
-                    "| setup | wall s | worker event loop | worker other threads (forward pass) "
-                    "| load generator | in-process run | other processes (cores) |",
-                    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-            for r in self.rows:
-                c = r.cpu_s
-                cell = lambda k: f"{c[k]:.1f}" if k in c else ""  # noqa: E731
-                background = f"{c['background']:.2f}" if "background" in c else ""
-                out.append(f"| {r.setup} | {r.wall_s:.1f} | {cell('worker_main')} | "
-                           f"{cell('worker_other')} | {cell('client')} | {cell('inprocess')} | "
-                           f"{background} |")
-            noisy = [r for r in self.rows if r.cpu_s.get("background", 0.0) >= NOISY_CORES]
-            if noisy:
-                out += ["", "warning: other processes kept the machine busy during "
-                        + ", ".join(f"{r.key} ({r.cpu_s['background']:.2f} cores)" for r in noisy)
-                        + "; those numbers understate this machine: rerun on a quiet one"]
-        out += self._stats_table()
-        return "\n".join(out)
-
-    def _stats_table(self) -> list[str]:
-        rows = [r for r in self.rows if r.worker_stats]
-        if not rows:
-            return []
-        stages = []
-        for r in rows:
-            stages += [k for k in r.worker_stats if k.startswith("seconds.") and k not in stages]
-        head = ["setup", "wall s", "requests", "batches", "seqs/batch", "padding waste",
-                *(k.split(".", 1)[1] for k in stages)]
-        out = ["", "The worker's own time breakdown ($SRV.STATS, measured phase only; stage "
-                   "seconds are wall time, summed over requests or batches):", "",
-               "| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
-        for r in rows:
-            s = r.worker_stats
-            get = lambda k, f: format(s[k], f) if k in s else ""  # noqa: E731
-            cells = [r.setup, f"{r.wall_s:.2f}", get("num_requests", ".0f"), get("batches", ".0f"),
-                     get("mean_batch_size", ".1f"), get("padding_waste", ".1%"),
-                     *(get(k, ".3f") for k in stages)]
-            out.append("| " + " | ".join(cells) + " |")
-        return out
-
-    def to_json(self) -> dict:
-        return {"command": self.command, "texts": self.texts, "seed": self.seed,
-                "machine": self.machine, "rows": [r.summary() for r in self.rows],
-                "latency_comparison": self.latency_comparison(),
-                "throughput_comparison": self.throughput_comparison()}
 
 
 # ---- processes -----------------------------------------------------------------------------
@@ -505,6 +328,14 @@ def _inprocess_child(args: argparse.Namespace) -> int:
 
         def run_all(batch: list[str]):
             return classifier_logits(tokenizer, module, batch, args.batch_size)
+    elif args.st_kwargs:  # a peer (bench/peers.py), in its own virtualenv: no poolwire there
+        from bench.peers import load_peer
+
+        module = load_peer(args.model, args.st_kwargs, args.device)
+        name = f"in-process encode ({args.st_kwargs})"
+
+        def run_all(batch: list[str]):
+            return module.encode(batch, batch_size=args.batch_size, show_progress_bar=False)
     else:
         from sentence_transformers import SentenceTransformer
 
@@ -582,10 +413,11 @@ def _single_text_latency(model, texts: list[str], warm: list[str], args: argpars
 
 
 def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
-                  reference_out: str | None = None) -> list[Row]:
+                  reference_out: str | None = None, peer=None, python: str | None = None) -> list[Row]:
     """The in-process rows of `task`, from a child process of their own (so its peak RSS is
-    that task's model's); the child saves its float32 outputs to `reference_out`."""
-    cmd = [sys.executable, "-m", "bench.throughput", "--inprocess-child", "--texts", str(args.texts),
+    that task's model's); the child saves its outputs to `reference_out`. With `peer` (a
+    bench/peers.py Peer), that Sentence-Transformers backend, run by the peers' `python`."""
+    cmd = [python or sys.executable, "-m", "bench.throughput", "--inprocess-child", "--texts", str(args.texts),
            "--seed", str(args.seed), "--batch-size", str(args.batch_size),
            "--latency-reps", str(args.latency_reps), "--settle-s", str(args.settle_s),
            "--device", args.device]
@@ -593,11 +425,15 @@ def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
         cmd += ["--reference-out", reference_out]
     if task == "classify":
         cmd += ["--classifier", args.classifier]
+    elif peer is not None:
+        from poolwire.models.model import bundled_model_dir
+
+        cmd += ["--model", str(args.model or bundled_model_dir()), "--st-kwargs", peer.kwargs_json()]
     elif args.model:
         cmd += ["--model", args.model]
-    _log(f"in-process {task}: starting its own process")
+    _log(f"in-process {task}{f' {peer.key}' if peer else ''}: starting its own process")
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            env=_child_env(args.torch_threads), text=True)
+                            env=_child_env(args.torch_threads), text=True, cwd=str(_HERE.parent))
     try:
         out, _ = proc.communicate(timeout=args.timeout_s)
     finally:
@@ -610,17 +446,26 @@ def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
     texts = mixed_texts(args.texts, seed=args.seed)
     single, batch = data["single"], data["batch"]
     what = ("transformers classify" if task == "classify" else "encode")
-    rows = [Row(INPROCESS_KEY[task], f"in-process {what}, batch size {args.batch_size}", len(texts),
+    key = INPROCESS_KEY[task] if peer is None else f"inprocess-{peer.key}"
+    label = (f"in-process {what}, batch size {args.batch_size}" if peer is None
+             else f"{peer.label}, batch size {args.batch_size}")
+    rows = [Row(key, label, len(texts),
                 sum(count_tokens(texts)), batch["wall_s"], batch["latencies_ms"],
                 batch["peak_rss_mib"], requests=len(batch["latencies_ms"]),
                 latency_unit=f"batch of {args.batch_size}", task=task,
-                cpu_s={"inprocess": batch["cpu_s"], "background": batch["background"]})]
+                cpu_s={"inprocess": batch["cpu_s"], "background": batch["background"]},
+                peer_of="exact" if peer is None else peer.peer_of(args.openvino_bf16))]
+    if peer is not None:
+        rows[0].mode = peer.mode
     if single is not None:
-        rows.append(Row("inprocess-1", "in-process encode([short]), one call at a time",
+        rows.append(Row("inprocess-1" if peer is None else f"inprocess-1-{peer.key}",
+                        "in-process encode([short]), one call at a time" if peer is None
+                        else f"{peer.label}: encode([short]), one call at a time",
                         single["calls"], sum(count_tokens(single["texts"])), single["wall_s"],
                         single["latencies_ms"], single["peak_rss_mib"], requests=single["calls"],
-                        latency_unit="call",
+                        latency_unit="call", peer_of=rows[0].peer_of,
                         cpu_s={"inprocess": single["cpu_s"], "background": single["background"]}))
+        rows[-1].mode = rows[0].mode
     return rows
 
 
@@ -880,7 +725,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--texts", type=int, default=2000, help="workload size (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--configs", type=parse_configs, default=None,
-                   help=f"setups to run, comma separated: inprocess, cN (N requests in flight, one "
+                   help=f"setups to run, comma separated: inprocess, peers, cN (N requests in flight, one "
                         f"text each), KxM (K clients, M texts per request), clsN (classify, N "
                         f"requests in flight); default {DEFAULT_CONFIGS}")
     p.add_argument("--quick", action="store_true",
@@ -913,6 +758,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--inprocess-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--reference-out", help=argparse.SUPPRESS)  # the child's float32 outputs
     p.add_argument("--classifier", help=argparse.SUPPRESS)     # the run's classifier folder
+    p.add_argument("--st-kwargs", help=argparse.SUPPRESS)      # a peer's backend (bench/peers.py)
     return p
 
 
@@ -927,10 +773,26 @@ def _command_line(argv: list[str]) -> str:
     return " ".join([prog, *map(shlex.quote, argv)]).strip()
 
 
+# The CPU flags that decide which kernels the backends can use.
+_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
+          "amx_int8", "amx_tile")
+
+
 def _machine() -> str:
     import platform
 
-    return (f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    shown = [f for f in _FLAGS if f in flags]
+    bf16 = "" if {"avx512_bf16", "amx_bf16"} & flags else "; no native bfloat16"
+    return (f"{os.cpu_count()} CPU cores ({model}; flags {' '.join(shown) or 'none listed'}{bf16}), "
             f"Python {platform.python_version()}")
 
 
@@ -1003,6 +865,23 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
                 args.classifier = str(build_classifier(Path(tmp) / "classifier"))
             references = {}
             for config in configs:
+                if config == "peers":
+                    from bench.peers import PEERS, peer_python
+                    from bench.precision_modes import embed_accuracy
+
+                    from bench.peers import openvino_has_bf16
+
+                    python = peer_python(_log)
+                    args.openvino_bf16 = openvino_has_bf16()
+                    for peer in PEERS:
+                        out = str(Path(tmp) / f"peer-{peer.key}.npy")
+                        rows = run_inprocess(args, count_tokens, "embed", out, peer, python)
+                        if "embed" in references:
+                            import numpy as np
+
+                            rows[0].accuracy = embed_accuracy(references["embed"], np.load(out))
+                        report.rows.extend(rows)
+                    continue
                 if config == "inprocess":
                     import numpy as np
 

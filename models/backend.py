@@ -41,9 +41,11 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, model: LoadedModel, precision: PrecisionPlan = EXACT) -> None:
+    def __init__(self, model: LoadedModel, precision: PrecisionPlan = EXACT,
+                 reason: str = "") -> None:
         self.model = model
         self.precision = precision
+        self.reason = reason  # why torch serves when `--backend auto` tried OpenVINO first
 
     @property
     def device(self) -> torch.device:
@@ -62,4 +64,5 @@ class TorchBackend:
             return model.token_logits(ids, mask, types)           # [B, T, labels]
 
     def describe(self) -> str:
-        return f"backend torch, {self.precision.describe()}"
+        why = f" ({self.reason})" if self.reason else ""
+        return f"backend torch{why}, {self.precision.describe()}"

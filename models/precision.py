@@ -36,9 +36,12 @@ class PrecisionPlan:
     device_type: str
     autocast: torch.dtype | None = None
     note: str = ""
+    ov_hint: str | None = None   # OpenVINO's INFERENCE_PRECISION_HINT ("f32", "bf16")
 
     def describe(self) -> str:
-        if self.autocast is None:
+        if self.ov_hint is not None:
+            text = f"precision {self.served} (OpenVINO inference precision {self.ov_hint})"
+        elif self.autocast is None:
             text = f"precision {self.served} (the weights' own dtype, no autocast)"
         else:
             kind = str(self.autocast).removeprefix("torch.")
@@ -91,6 +94,28 @@ def precision_for(requested: str, device: torch.device, weights_dtype: str) -> P
     if plan.note:
         log.warning("--precision %s: %s", requested, plan.note)
     return plan
+
+
+def choose_openvino_precision(requested: str, weights_dtype: str,
+                              capabilities: list[str]) -> PrecisionPlan:
+    """The OpenVINO backend's precision: `exact` is the f32 inference precision hint (the
+    CPU plugin would otherwise pick bf16 on a CPU that has it); `fast` is bf16 where the CPU
+    plugin lists BF16 among its OPTIMIZATION_CAPABILITIES (AVX-512 BF16 or AMX), else f32 with
+    the note saying so, for the same reason as torch's `fast` (bfloat16 emulated is slower)."""
+    if requested not in PRECISIONS:
+        raise ValueError(f"precision {requested!r} is not one of {', '.join(PRECISIONS)}")
+    if requested == "fast" and weights_dtype != "float32":
+        raise ValueError(f"--precision fast runs float32 weights at a lower precision, but "
+                         f"--dtype {weights_dtype} already cast the weights: pass --dtype "
+                         f"float32 with --precision fast")
+    if requested == "exact":
+        return PrecisionPlan(requested, "exact", "cpu", ov_hint="f32")
+    if "BF16" not in capabilities:
+        return PrecisionPlan(requested, "exact", "cpu", ov_hint="f32",
+                             note="this CPU has no native bfloat16 (OpenVINO's CPU plugin lists "
+                                  "no BF16 capability), where bfloat16 is slower than float32: "
+                                  "serving float32")
+    return PrecisionPlan(requested, "fast", "cpu", ov_hint="bf16")
 
 
 def autocast(plan: PrecisionPlan):

@@ -11,6 +11,7 @@ are a worker's.
 
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,17 +25,13 @@ from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task, parse_task
 # Request fields about the wire, not the computation: offline they have nothing to do.
 WIRE_ONLY_FIELDS = ("request_id", "stream", "encoding_format", "embed_dtype", "deadline_ms",
                     "priority", "cache")
-BACKENDS = ("auto", "torch")
+def make_backend(model, backend: str, precision: str, dtype: str, cache_dir):
+    """The forward backend a worker with `--backend backend` would serve with
+    (models/backend_choice.py): OpenVINO on a CPU where it converts this model and agrees with
+    torch, else torch; its converted model cached under `cache_dir`, as a worker's."""
+    from poolwire.models.backend_choice import build_backend
 
-
-def make_backend(model, backend: str, precision):
-    """The forward backend for `backend` ("auto" or "torch"): the one place a chooser of
-    backends plugs in."""
-    from poolwire.models.backend import TorchBackend
-
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    return TorchBackend(model, precision)
+    return build_backend(backend, model, precision, dtype, cache_dir)  # BackendError: a ValueError
 
 
 @dataclass
@@ -76,13 +73,12 @@ class PoolingModel:
     def __init__(self, model, *, pooler_config: PoolerConfig = PoolerConfig(), device: str = "auto",
                  backend: str = "auto", precision: str = "exact", dtype: str = "float32",
                  max_batch_tokens: int = 8192, max_batch_size: int = 64,
-                 max_added_padding: int = 16) -> None:
+                 max_added_padding: int = 16, state_dir: str | Path = ".poolwire") -> None:
         from poolwire.actors.task_policy import TaskConfigError
         from poolwire.actors.validator import ModelLimits
         from poolwire.actors.worker import task_policy_for
         from poolwire.models.model import load_model
         from poolwire.models.model_fields import ModelFacts
-        from poolwire.models.precision import precision_for
         from poolwire.models.tokenizing import Tokenizing
 
         if not isinstance(pooler_config, PoolerConfig):
@@ -103,7 +99,7 @@ class PoolingModel:
             raise UnsupportedTaskError(f"PoolerConfig(task={pooler_config.task!r}): {exc}",
                                        supported_tasks=names) from None
         self.max_embed_len = pooler_config.embed_limit(self.model.max_length)
-        self.backend = make_backend(self.model, backend, precision_for(precision, self.model.device, dtype))
+        self.backend = make_backend(self.model, backend, precision, dtype, Path(state_dir) / "openvino")
         self._limits = ModelLimits(self.model.name, self.model.max_length,
                                    self.model.embedding_size, ModelFacts.of(self.model))
         self._tokenizing = Tokenizing(self.model.tokenizer, self.model.max_length)

@@ -46,6 +46,13 @@ class WorkerSettings(BaseSettings):
         "exact", description="exact: the weights' own dtype; fast: float32 weights under bfloat16 "
                              "autocast (CPUs with native bfloat16, else float32) or float16 "
                              "autocast (CUDA)")
+    backend: Literal["auto", "torch", "openvino"] = Field(
+        "auto", description="what computes the model: openvino (CPU), torch, or auto: OpenVINO "
+                            "on a CPU where it is installed, converts the model and gives "
+                            "torch's outputs, else torch")
+    openvino_threads: int | None = Field(
+        None, ge=1, description="OpenVINO's inference threads (INFERENCE_NUM_THREADS); default: "
+                                "OpenVINO's own, one per core under its LATENCY hint")
     # The task-policy settings are PoolerConfig's own fields (same names, defaults and
     # descriptions), validated through it (_through_pooler_config below).
     task: str | None = Field(None, description=PoolerConfig.model_fields["task"].description)

@@ -12,7 +12,8 @@ from bench import throughput as benchmark
 import numpy as np
 
 from bench.precision_modes import accuracy_cells, classify_accuracy, embed_accuracy, parse_modes
-from bench.throughput import Report, Row, Setup, parse_configs, percentile
+from bench.table import Report, Row, percentile
+from bench.throughput import Setup, parse_configs
 from poolwire.models.precision import cpu_has_bf16
 
 COLUMNS = ("| setup | mode | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process "
@@ -125,7 +126,34 @@ def test_each_row_fills_its_own_tasks_accuracy_columns_and_ratio():
     report = Report("cmd", 10, 0, [row("inprocess", "embed", 10.0), row("c4", "embed", 20.0),
                                    row("inprocess-classify", "classify", 4.0),
                                    row("cls4", "classify", 6.0)], "machine")
-    table = report.markdown().splitlines()[2:6]
+    lines = report.markdown().splitlines()
+    assert lines[0] == "CPU: machine"  # the CPU's model and flags head the table
+    table = lines[4:8]
     assert [line.split(" | ")[7] for line in table] == ["1.00x", "2.00x", "1.00x", "1.50x"]
     assert report.throughput_comparison() == ("throughput vs inprocess: c4 2.00x\n"
                                               "throughput vs inprocess-classify: cls4 1.50x")
+
+
+def test_the_headline_is_poolwire_against_the_fastest_peer_of_its_precision():
+    def row(key, texts_per_s, mode="float32", peer_of=""):
+        r = Row(key, key, 10, 100, 10 / texts_per_s, [1.0], None, peer_of=peer_of)
+        r.mode = mode
+        return r
+
+    report = Report("cmd", 10, 0, [row("inprocess", 10.0, peer_of="exact"),
+                                   row("inprocess-st-openvino-f32", 25.0, peer_of="exact"),
+                                   row("inprocess-st-onnx", 20.0, peer_of="exact"),
+                                   row("inprocess-st-openvino", 40.0, "default", "fast"),
+                                   row("c64", 24.0, "exact"), row("c64-fast", 30.0, "fast"),
+                                   row("c1-fast", 5.0, "fast -> exact")], "machine")
+    assert report.headline().splitlines() == [
+        "headline: c64 (exact) 24.0 texts/s = 0.96x the fastest in-process peer of exact "
+        "precision, inprocess-st-openvino-f32 (25.0)",
+        "headline: c64-fast (fast) 30.0 texts/s = 0.75x the fastest in-process peer of fast "
+        "precision, inprocess-st-openvino (40.0)",
+        "headline: c1-fast (fast -> exact) 5.0 texts/s = 0.20x the fastest in-process peer of "
+        "exact precision, inprocess-st-openvino-f32 (25.0)"]
+
+
+def test_peers_is_a_setup():
+    assert parse_configs("peers,c64")[0] == "peers"

@@ -36,9 +36,13 @@ async def test_serve_embedded_answers_then_drains_in_flight_requests_on_sigint(t
     try:
         url = (await read_until(proc.stdout, r"embedded nats-server \(JetStream\) at (\S+)")).group(1)
         await read_until(proc.stdout, r"configured task embed; supported tasks embed, token_embed, score")
-        # The mode served: fast where this CPU has bfloat16, else float32 and the reason.
-        await read_until(proc.stdout, r"poolwire: backend torch, precision (fast \(float32 weights under bfloat16 "
-                                      r"autocast\)$|exact .*no native bfloat16)")
+        # The mode served: fast where this CPU has bfloat16, else float32 and the reason; by
+        # OpenVINO where it is installed (--backend auto), else torch.
+        await read_until(proc.stdout, r"poolwire: backend (openvino \S+ \((converted|reused the "
+                                      r"cached) hidden\), precision (fast \(OpenVINO inference "
+                                      r"precision bf16\)$|exact .*no native bfloat16)|torch, "
+                                      r"precision (fast \(float32 weights under bfloat16 "
+                                      r"autocast\)$|exact .*no native bfloat16))")
         nc = await nats.connect(url)
         try:
             reply = await nc.request("cli.pooling.embed", b'{"input": "hello"}', timeout=30)

@@ -64,13 +64,16 @@ def test_the_wheel_installs_only_poolwire_beside_hugging_faces_kernels(tmp_path)
     run(python, "-c", "import poolwire.kernels, poolwire.models.forward", cwd=tmp_path)
 
 
-# Runs `poolwire serve` with the triton module unimportable, as on a machine without its wheels.
-NO_TRITON = "import sys; sys.modules['triton'] = None; from poolwire.cli import main; sys.exit(main())"
+# Runs `poolwire serve` with the triton and openvino modules unimportable, as on a machine
+# without their wheels.
+NO_TRITON = ("import sys; sys.modules['triton'] = None; sys.modules['openvino'] = None; "
+             "from poolwire.cli import main; sys.exit(main())")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-async def test_a_worker_without_triton_serves_the_same_embeddings(minilm, nats_server, nc, prefix):
+async def test_a_worker_without_triton_or_openvino_serves_the_same_embeddings(
+        minilm, nats_server, nc, prefix):
     from poolwire.kernels import seq_pool_reference
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -87,6 +90,7 @@ async def test_a_worker_without_triton_serves_the_same_embeddings(minilm, nats_s
         proc.terminate()
         output = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
     assert "pooling kernels: PyTorch references (Triton is not installed)" in output
+    assert "poolwire: backend torch (auto chose torch: openvino is not installed" in output
 
     import torch
 

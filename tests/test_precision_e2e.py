@@ -92,7 +92,9 @@ async def test_every_mode_serves_every_task_within_its_tolerance(
     model = minilm if name == "minilm" else small_models[name]
     served_model = bf16_models[name] if mode == "bfloat16" else model
     monkeypatch.setattr(precision, "cpu_has_bf16", lambda: mode == "fast")
-    settings = {"precision": "fast" if mode in ("fast", "fallback") else "exact"}
+    # torch's autocast is what these modes test (OpenVINO's: tests/test_openvino_backend.py).
+    settings = {"precision": "fast" if mode in ("fast", "fallback") else "exact",
+                "backend": "torch"}
     async with start_worker(served_model, **settings) as worker:
         assert worker.precision.served == ("fast" if mode == "fast" else "exact")
         assert (worker.precision.autocast is torch.bfloat16) == (mode == "fast")
@@ -114,6 +116,6 @@ async def test_discovery_says_which_precision_is_served(minilm, start_worker, nc
     import json
 
     monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
-    async with start_worker(minilm, precision="fast") as worker:
+    async with start_worker(minilm, precision="fast", backend="torch") as worker:
         msg = await nc.request(f"$SRV.INFO.poolwire.{worker.discovery.id}", b"", timeout=5)
     assert json.loads(msg.data)["metadata"]["precision"] == "exact"  # fell back: no bfloat16

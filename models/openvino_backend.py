@@ -1,0 +1,243 @@
+"""The model's transformer compiled by OpenVINO for the CPU (`--backend openvino`, and `auto` on a
+CPU): the same forward passes as `LoadedModel.encoder_hidden` / `head_logits` / `token_logits`,
+converted once from the loaded torch module with `openvino.convert_model` (no optimum: it pins
+an older transformers), with dynamic batch and sequence dimensions.
+
+What the graph computes is exactly what TorchBackend computes: each forward kind the model
+needs is traced through the LoadedModel method itself, so the decoder's last-token gather and a
+sequence classifier's per-token head are part of the graph. Pooling, Dense, truncation and
+normalisation stay after the backend (`forward.py`), for every backend alike.
+
+The cache (see `OpenVinoCache`): the converted IR is saved under the state dir, keyed by the
+model's files, poolwire's, transformers' and OpenVINO's versions, so a restart reads the IR
+instead of tracing the model again (tracing is most of a start: about 2 s for MiniLM here).
+The compiled blob is OpenVINO's own CACHE_DIR beside it: OpenVINO keys it by the graph, the
+device, the compile properties (the precision hint among them) and its own version, which is
+exactly the key a compiled model needs, so no key of ours repeats that."""
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from poolwire.models.model import LoadedModel, ModelKind
+from poolwire.models.precision import PrecisionPlan
+from poolwire.models.task_heads import Forward
+
+log = logging.getLogger(__name__)
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+# Threads, streams and infer requests. The LATENCY hint gives one stream with a thread per core
+# (INFERENCE_NUM_THREADS unset; `--openvino-threads` overrides it) and one infer request, which
+# is what the engine's one forward thread feeds, one batch at a time. Measured through a worker
+# (bench/throughput.py --configs c1,c64, MiniLM, 300 texts, 2-core AVX2 machine shared with
+# other work at 1.2 to 1.3 cores): at concurrency 64 the event loop (decoding, tokenizing,
+# NATS) used 0.4 CPU s against 9.4 for OpenVINO's threads, at concurrency 1 0.8 against 12.5:
+# the loop needs 3% to 6% of what the forward pass does, so OpenVINO gets both cores and the
+# loop's short bursts interleave. A second stream with a second infer request would halve each
+# batch's threads to run two batches the planner rarely has ready (10 texts a batch at
+# concurrency 64). Threads, 1 against 2 (`--openvino-threads`), interleaved runs of
+# `bench/throughput.py --configs c1,c64 --modes exact --texts 200 --settle-s 3` (texts/s at
+# concurrency 1 and 64, other processes' cores in brackets): 1 thread 27.5 / 33.9 (1.0),
+# 2 threads 17.9 / 29.0 (0.9-1.1), 1 thread 23.7 / 31.0 (0.7-0.9), 2 threads 36.0 / 51.5
+# (0.3). With a core taken by other work the two are within the noise; the quietest run, with
+# two threads, was the fastest (1.5x to 1.7x the one-thread runs). The event loop took 0.1 to 0.5 CPU s against 4.7 to 8.2 for
+# OpenVINO's threads in every run, so it never needed a core of its own: a thread per core.
+PERFORMANCE_HINT = "LATENCY"
+
+
+def forwards_for(model: LoadedModel) -> tuple[str, ...]:
+    """The forward kinds this model's tasks can ask for (task_heads.plan)."""
+    if model.kind == ModelKind.ENCODER:
+        return (Forward.HIDDEN,)
+    if model.kind == ModelKind.TOKEN_CLASSIFICATION:
+        return (Forward.TOKEN_LOGITS,)
+    if model.per_token_classifier:
+        return (Forward.SEQ_LOGITS, Forward.TOKEN_LOGITS)
+    return (Forward.SEQ_LOGITS,)
+
+
+class _Pass(torch.nn.Module):
+    """One forward kind of a LoadedModel as a module with three tensor inputs, for tracing."""
+
+    def __init__(self, model: LoadedModel, forward: str) -> None:
+        super().__init__()
+        self.module = model.module   # registered, so the tracer sees the weights as constants
+        self._model = model
+        self._forward = forward
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        model = self._model
+        if self._forward == Forward.HIDDEN:
+            return model.encoder_hidden(input_ids, attention_mask, token_type_ids)
+        if self._forward == Forward.SEQ_LOGITS:
+            return model.head_logits(input_ids, attention_mask, token_type_ids)
+        return model.token_logits(input_ids, attention_mask, token_type_ids)
+
+
+@contextlib.contextmanager
+def _no_kv_cache(module: torch.nn.Module):
+    """A decoder returns its key/value cache by default (config.use_cache), built from empty
+    tensors the converter cannot take; pooling never reads it, so trace without it."""
+    config = getattr(module, "config", None)
+    saved = getattr(config, "use_cache", None)
+    if saved:
+        config.use_cache = False
+    try:
+        yield
+    finally:
+        if saved:
+            config.use_cache = saved
+
+
+def _example(model: LoadedModel):
+    """A right-padded batch of two rows of different lengths, so the traced graph keeps the
+    padding paths (a constant all-ones mask could be folded away)."""
+    vocab = max(3, min(len(model.tokenizer), getattr(model.module.config, "vocab_size", 3)))
+    length = max(2, min(8, model.max_length))
+    ids = (torch.arange(2 * length, dtype=torch.long) % (vocab - 2) + 2).view(2, length)
+    mask = torch.ones_like(ids)
+    mask[1, length // 2:] = 0
+    return ids, mask, torch.zeros_like(ids)
+
+
+def folder_digest(path: Path) -> str:
+    """sha256 of every file of the model folder (names and contents): a plain folder has no
+    revision, and a hub snapshot's files are what its revision names anyway. Reading the
+    weights costs about 0.1 s for MiniLM's 90 MB, far less than a conversion."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def cache_key(model: LoadedModel, forward: str, ov_version: str) -> str:
+    """What the converted IR depends on: the model's files, its weights' dtype, the code that
+    traces it (poolwire's and transformers' versions) and the converter's version. The
+    precision is a compile property, part of OpenVINO's own CACHE_DIR key instead."""
+    import transformers
+
+    from poolwire import __version__
+
+    parts = {"files": folder_digest(model.path), "dtype": str(model.dtype), "forward": forward,
+             "poolwire": __version__, "transformers": transformers.__version__,
+             "openvino": ov_version}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@dataclass
+class _Compiled:
+    request: object          # the one infer request (one stream; the engine's one thread)
+    inputs: tuple[str, ...]  # the graph's inputs, in INPUTS order (unused ones are dropped)
+
+
+class OpenVinoUnavailable(RuntimeError):
+    """This backend cannot serve this model here; the message says why, in one line."""
+
+
+class OpenVinoBackend:
+    name = "openvino"
+
+    def __init__(self, model: LoadedModel, precision: PrecisionPlan, cache_dir: Path | None,
+                 threads: int | None = None) -> None:
+        try:
+            import openvino as ov
+        except ImportError as exc:
+            raise OpenVinoUnavailable(f"openvino is not installed ({exc})") from None
+        if model.device.type != "cpu":
+            raise OpenVinoUnavailable(f"OpenVINO serves the CPU, and the model is on "
+                                      f"{model.device}")
+        if model.dtype != torch.float32:
+            raise OpenVinoUnavailable(f"OpenVINO converts float32 weights; --dtype "
+                                      f"{str(model.dtype).removeprefix('torch.')} cast them")
+        self.model = model
+        self.precision = precision
+        self.version = ov.get_version().split("-")[0]
+        self.core = ov.Core()
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        config = {"INFERENCE_PRECISION_HINT": precision.ov_hint or "f32",
+                  "PERFORMANCE_HINT": PERFORMANCE_HINT}
+        if threads is not None:
+            config["INFERENCE_NUM_THREADS"] = threads
+        if self.cache_dir is not None:
+            config["CACHE_DIR"] = str(self.cache_dir / "compiled")
+        self.converted: list[str] = []   # forward kinds traced in this start
+        self.reused: list[str] = []      # read from the cache instead
+        self._compiled: dict[str, _Compiled] = {}
+        self._lock = threading.Lock()
+        for forward in forwards_for(model):
+            try:
+                graph = self._graph(ov, forward)
+                compiled = self.core.compile_model(graph, "CPU", config)
+            except Exception as exc:  # noqa: BLE001 - any converter failure means: not here
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise OpenVinoUnavailable(f"OpenVINO could not convert {model.architecture} "
+                                          f"({forward}): {first[:300]}") from exc
+            names = {name for port in compiled.inputs for name in port.get_names()}
+            self._compiled[forward] = _Compiled(compiled.create_infer_request(),
+                                                tuple(n for n in INPUTS if n in names))
+
+    def _graph(self, ov, forward: str):
+        """The IR from the cache, or converted from the torch module (and saved)."""
+        xml = None
+        if self.cache_dir is not None:
+            xml = (self.cache_dir / "ir" / cache_key(self.model, forward, self.version)
+                   / f"{forward}.xml")
+            if xml.is_file():
+                self.reused.append(forward)
+                return self.core.read_model(xml)
+        shape = ov.PartialShape([-1, -1])
+        # The tracer warns of every Python branch on a shape; they are the masking code's
+        # checks that hold for every right-padded batch, not a start-up message for users.
+        with _no_kv_cache(self.model.module), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = ov.convert_model(_Pass(self.model, forward),
+                                     example_input=_example(self.model),
+                                     input=[(name, shape, ov.Type.i64) for name in INPUTS])
+        self.converted.append(forward)
+        if xml is not None:
+            xml.parent.mkdir(parents=True, exist_ok=True)
+            partial = xml.with_suffix(".partial.xml")
+            # float32 as converted: the default would halve the weights to float16 on disk.
+            ov.save_model(graph, partial, compress_to_fp16=False)
+            # Renamed into place last, so a start killed mid-save never leaves a half IR that
+            # the next start would read.
+            os.replace(partial.with_suffix(".bin"), xml.with_suffix(".bin"))
+            os.replace(partial, xml)
+        return graph
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def run(self, forward: str, ids: torch.Tensor, mask: torch.Tensor,
+            types: torch.Tensor) -> torch.Tensor:
+        compiled = self._compiled.get(forward)
+        if compiled is None:
+            raise ValueError(f"{self.model.architecture} has no {forward} forward pass")
+        given = dict(zip(INPUTS, (ids, mask, types)))
+        feed = {name: given[name].numpy() for name in compiled.inputs}
+        with self._lock:  # one infer request: callers other than the forward thread wait
+            # share_outputs=False (the default) copies the result out of the request's buffer,
+            # which the next batch overwrites.
+            out = compiled.request.infer(feed, share_inputs=True)
+        return torch.from_numpy(np.asarray(out[0]))
+
+    def describe(self) -> str:
+        how = ("converted " + ", ".join(self.converted) if self.converted else "") + (
+            ("; " if self.converted and self.reused else "")
+            + ("reused the cached " + ", ".join(self.reused) if self.reused else ""))
+        where = f" ({how})" if how else ""
+        return f"backend openvino {self.version}{where}, {self.precision.describe()}"
