@@ -39,8 +39,10 @@ def measure(texts: list[str], model_dir: str, device: str, rounds: int, batch_si
     from poolwire import PoolingModel, PoolerConfig
 
     st = SentenceTransformer(model_dir, device=device)
+    # backend="torch": the same backend as the peer (the default, auto, would take OpenVINO on
+    # a CPU and compare two backends instead of the two paths over one).
     offline = PoolingModel(model_dir, pooler_config=PoolerConfig(task="embed"), device=device,
-                           precision=precision)
+                           backend="torch", precision=precision)
     tokens = sum(len(ids) for ids in offline.model.tokenizer(texts)["input_ids"])
 
     def encode(batch):

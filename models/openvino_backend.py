@@ -59,6 +59,8 @@ def forwards_for(model: LoadedModel) -> tuple[str, ...]:
     """The forward kinds this model's tasks can ask for (task_heads.plan)."""
     if model.kind == ModelKind.ENCODER:
         return (Forward.HIDDEN,)
+    if model.kind == ModelKind.SPARSE:
+        return (Forward.MLM_LOGITS,)
     if model.kind == ModelKind.TOKEN_CLASSIFICATION:
         return (Forward.TOKEN_LOGITS,)
     if model.per_token_classifier:
@@ -81,6 +83,8 @@ class _Pass(torch.nn.Module):
             return model.encoder_hidden(input_ids, attention_mask, token_type_ids)
         if self._forward == Forward.SEQ_LOGITS:
             return model.head_logits(input_ids, attention_mask, token_type_ids)
+        if self._forward == Forward.MLM_LOGITS:
+            return model.mlm_logits(input_ids, attention_mask, token_type_ids)
         return model.token_logits(input_ids, attention_mask, token_type_ids)
 
 

@@ -121,7 +121,7 @@ def doc() -> str:
 
 
 def test_doc_names_the_protocol_version(doc):
-    assert "version 1.1" in doc.split("\n## ")[0]
+    assert "version 1.2" in doc.split("\n## ")[0]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
