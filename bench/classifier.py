@@ -21,10 +21,11 @@ SEED = 1234
 HEAD_STD = 1.0
 
 
-def build_classifier(dest: Path) -> Path:
+def build_classifier(dest: Path, labels: tuple[str, ...] = LABELS, seed: int = SEED) -> Path:
     """Write the classifier folder (config, weights, tokenizer) to `dest` and return it. Its
     tokenizer keeps the encoder's Sentence-Transformers max_seq_length, so both tasks truncate
-    the workload alike and the load generator's token counts hold for both."""
+    the workload alike and the load generator's token counts hold for both. One label makes a
+    cross-encoder (bench/rerank.py)."""
     import torch
     import transformers
     from transformers import AutoTokenizer, BertForSequenceClassification
@@ -37,11 +38,11 @@ def build_classifier(dest: Path) -> Path:
     transformers.logging.set_verbosity_error()  # its report of the head's missing weights
     try:
         model = BertForSequenceClassification.from_pretrained(
-            encoder_dir, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)),
-            label2id={label: i for i, label in enumerate(LABELS)}, local_files_only=True)
+            encoder_dir, num_labels=len(labels), id2label=dict(enumerate(labels)),
+            label2id={label: i for i, label in enumerate(labels)}, local_files_only=True)
     finally:
         transformers.logging.set_verbosity(verbosity)
-    generator = torch.Generator().manual_seed(SEED)  # the same head every run
+    generator = torch.Generator().manual_seed(seed)  # the same head every run
     with torch.no_grad():
         model.classifier.weight.normal_(0.0, HEAD_STD, generator=generator)
         model.classifier.bias.zero_()

@@ -39,7 +39,6 @@ if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
 QUERY = "which team repairs the broken clock before dawn?"
 PREFIX = "bench.rerank"
 SEED = 4321
-HEAD_STD = 1.0  # as bench/classifier.py: scores of a few units, not a few hundredths
 COLUMNS = ("setup", "documents", "p50 ms", "min ms", "documents/s", "vs CrossEncoder.rank")
 
 
@@ -48,33 +47,11 @@ def _log(message: str) -> None:
 
 
 def build_cross_encoder(dest: Path) -> Path:
-    """The bundled encoder under a one-label BertForSequenceClassification head from a fixed
-    seed, saved with its tokenizer (max length as the encoder's Sentence-Transformers folder)."""
-    import torch
-    import transformers
-    from transformers import AutoTokenizer, BertForSequenceClassification
+    """The bundled encoder under a one-label head from a fixed seed (bench/classifier.py's
+    builder), saved with its tokenizer."""
+    from bench.classifier import build_classifier
 
-    from poolwire.models.model import bundled_model_dir, read_sentence_transformers_config
-
-    encoder_dir = bundled_model_dir()
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # its report of the head's missing weights
-    try:
-        model = BertForSequenceClassification.from_pretrained(encoder_dir, num_labels=1,
-                                                              local_files_only=True)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-    generator = torch.Generator().manual_seed(SEED)
-    with torch.no_grad():
-        model.classifier.weight.normal_(0.0, HEAD_STD, generator=generator)
-        model.classifier.bias.zero_()
-    tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
-    st = read_sentence_transformers_config(encoder_dir)
-    if st is not None and st.max_seq_length:
-        tokenizer.model_max_length = int(st.max_seq_length)
-    model.save_pretrained(dest)
-    tokenizer.save_pretrained(dest)
-    return dest
+    return build_classifier(dest, labels=("score",), seed=SEED)
 
 
 def _summary(name: str, n_docs: int, seconds: list[float], peer_p50: float | None) -> dict:

@@ -276,10 +276,8 @@ async def operator_command(args) -> int:
         except ValueError as exc:
             print(f"poolwire: {exc}", file=sys.stderr)
             return 2
-    try:
-        nc = await connect(NatsOptions.from_values(args.nats_url, **connect_options(args)))
-    except NatsConnectError as exc:
-        print(f"poolwire: {exc}", file=sys.stderr)
+    nc = await _operator_connection(args)
+    if nc is None:
         return EXIT_NATS_UNAVAILABLE
     from poolwire.refusals import PermissionRefusedError
     try:
@@ -292,6 +290,15 @@ async def operator_command(args) -> int:
         return EXIT_NATS_UNAVAILABLE
     finally:
         await close_quietly(nc)
+
+
+async def _operator_connection(args):
+    """An operator command's connection, or None once it has said why there is none."""
+    try:
+        return await connect(NatsOptions.from_values(args.nats_url, **connect_options(args)))
+    except NatsConnectError as exc:
+        print(f"poolwire: {exc}", file=sys.stderr)
+        return None
 
 
 async def lag_command(args) -> int:
@@ -313,10 +320,8 @@ async def lag_command(args) -> int:
                 return EXIT_NATS_UNAVAILABLE
             reading = operators.keda_lag(jsz, args.account, stream, consumer)
         else:
-            try:
-                nc = await connect(NatsOptions.from_values(args.nats_url, **connect_options(args)))
-            except NatsConnectError as exc:
-                print(f"poolwire: {exc}", file=sys.stderr)
+            nc = await _operator_connection(args)
+            if nc is None:
                 return EXIT_NATS_UNAVAILABLE
             try:
                 reading = await operators.jetstream_lag(nc, stream, consumer)
