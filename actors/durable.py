@@ -167,6 +167,7 @@ class JetStreamIntake(Actor):
         self.dead_lettered = 0
         self.retried = 0
         self.completed = 0
+        self.released = 0              # naked unstarted while draining (tests count them)
 
     # ---- set-up (subclasses create their stream and consumer) ----
 
@@ -204,7 +205,7 @@ class JetStreamIntake(Actor):
     # ---- figures for $SRV.STATS ----
 
     def counters(self) -> dict[str, int]:
-        return {"pending": self.pending, "in_progress": len(self._flights),
+        return {"pending": self.pending, "in_progress": self.held,
                 "redelivered": self.redelivered, "dead_lettered": self.dead_lettered,
                 "retried": self.retried, "completed": self.completed}
 
@@ -264,6 +265,7 @@ class JetStreamIntake(Actor):
         if deliveries > 1:
             self.redelivered += 1
         if self._stopping:  # not started: left to another worker at once
+            self.released += 1
             await self._settle(msg.nak())
             return
         running = self._flights.get(self._by_seq.get(meta.sequence.stream, ""))

@@ -176,8 +176,22 @@ async def settle(soak: Soak, js) -> None:
         await asyncio.sleep(1.0)
 
 
+async def retried(call, what: str, timeout: float = 120.0):
+    """A JetStream API call made right after the faults: a node that was just restarted may
+    still be catching up, and a call can time out meanwhile; tried again until the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} failed for {timeout} s: {exc!r}") from exc
+            await asyncio.sleep(1.0)
+
+
 async def read_results(js) -> list[tuple[dict, dict]]:
-    psub = await js.pull_subscribe("soak.out.>", stream=RESULTS)
+    psub = await retried(lambda: js.pull_subscribe("soak.out.>", stream=RESULTS),
+                         "a consumer on the results stream")
     out = []
     while True:
         try:
@@ -220,7 +234,8 @@ async def test_a_cluster_and_two_workers_under_random_kills_lose_nothing(minilm,
             results = await read_results(js)
             job_errors = [t.exception() for t in soak.jobs if t.exception()]
             jobs = [t.result() for t in soak.jobs if not t.exception()]
-            dead = await stream_count(js, stream_name("DEAD", prefix))
+            dead = (await retried(lambda: js.stream_info(stream_name("DEAD", prefix)),
+                                  "the dead-letter stream's info")).state.messages
             alive = {name: w.proc.returncode is None for name, w in soak.workers.items()}
         finally:
             await nc.close()
