@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 
+import msgpack
 import nats
 import pytest
 from nats.js.api import StreamConfig
@@ -15,6 +16,7 @@ from poolwire.actors.durable import stream_name
 from poolwire.actors.worker import Worker
 from poolwire.client import PoolingClient
 from poolwire.settings import WorkerSettings
+from tests.helpers import poll_until
 from tests.procs import NatsCluster, WorkerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
@@ -225,3 +227,40 @@ async def test_a_cluster_node_killed_under_load_loses_no_job(minilm, prefix, tmp
             await nc.close()
             await other.close()
             await here.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_a_result_whose_stream_is_away_is_stored_later_and_costs_no_delivery(minilm, start_worker, nc, prefix):
+    """The results stream vanishes (as when it has no leader: the publish gets no stream
+    response) while a document is computed, and comes back 6 s later. With
+    `--durable-max-deliveries 1`, the old accounting naked the document after the failed store
+    and dead-lettered it as `internal` on its second delivery; now the worker holds it and
+    retries the store, so it is stored once, delivered once, and nothing is dead-lettered."""
+    root = prefix.replace(".", "_")
+    docs, out = f"{root}_DOCS", f"{root}_OUT"
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=docs, subjects=[f"{root}.in.>"]))
+    results = StreamConfig(name=out, subjects=[f"{root}.out.>"])
+    await js.add_stream(results)
+    async with start_worker(minilm, pipeline_stream=docs, pipeline_input=f"{root}.in",
+                            pipeline_output=f"{root}.out", durable_max_deliveries=1,
+                            durable_ack_wait_s=2.0) as worker:
+        [intake] = worker.intakes
+        await js.delete_stream(out)
+        await js.publish(f"{root}.in.1", msgpack.packb({"text": "stored after all"}))
+        # The store is being retried: the document is held, its first delivery still open.
+        await poll_until(lambda: asyncio.sleep(0, intake.held == 1 and intake.retried == 0))
+        await asyncio.sleep(6.0)  # three ack_waits: in-progress acks keep it from redelivery
+        away_s = 6.0
+        await js.add_stream(results)
+        await poll_until(lambda: asyncio.sleep(0, intake.completed == 1), timeout=30)
+        consumer = await js.consumer_info(docs, f"poolwire_pipeline_{docs}_poolwire")
+        stored = (await js.stream_info(out)).state.messages
+        dead = (await js.stream_info(stream_name("DEAD", prefix))).state.messages
+        msg = await js.get_msg(out, 1)
+    report("result_stream_away", away_s=away_s, stored=stored, dead_lettered=dead,
+           delivered=consumer.delivered.consumer_seq, redelivered=intake.redelivered)
+    assert stored == 1 and dead == 0 and intake.dead_lettered == 0
+    assert consumer.delivered.consumer_seq == 1 and intake.redelivered == 0
+    assert consumer.num_ack_pending == 0
+    assert len(msgpack.unpackb(msg.data)["data"][0]["data"]) == minilm.embedding_size
