@@ -198,17 +198,23 @@ async def retried(call, what: str, timeout: float = 120.0):
 
 
 async def read_results(js) -> list[tuple[dict, dict]]:
+    """Every message of the results stream, as many as its state says it holds: a fetch that
+    times out on a loaded machine is tried again, bounded on progress."""
+    count = (await retried(lambda: js.stream_info(RESULTS), "the results stream's info")).state.messages
     psub = await retried(lambda: js.pull_subscribe("soak.out.>", stream=RESULTS),
                          "a consumer on the results stream")
-    out = []
-    while True:
+    out, since = [], time.monotonic()
+    while len(out) < count:
         try:
-            msgs = await psub.fetch(256, timeout=3)
-        except nats.errors.TimeoutError:
-            return out
+            msgs = await psub.fetch(min(256, count - len(out)), timeout=5)
+        except asyncio.TimeoutError:  # nats.errors.TimeoutError is one
+            assert time.monotonic() - since < NO_PROGRESS_S, f"read {len(out)} of {count} results"
+            continue
+        since = time.monotonic()
         for m in msgs:
             out.append((decode(m.data)[0], dict(m.headers or {})))
             await m.ack()
+    return out
 
 
 async def test_a_cluster_and_two_workers_under_random_kills_lose_nothing(minilm, prefix, tmp_path, soak_seed, request):
