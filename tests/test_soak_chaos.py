@@ -31,7 +31,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 SHORT_MINUTES = 2.0
 # The seeds `make test` runs. A seed that ever failed is added here, so it is run every time.
-FIXED_SEEDS = [21]
+# 108: in a 6-minute run one job of 571 was never answered (all 1,377 documents were stored
+# once); not explained yet, see RELIABILITY.md.
+FIXED_SEEDS = [21, 108]
 DOCS_PER_S = 4.0             # 1,440 documents in 6 minutes
 JOBS_PER_S = 1.6             # 576 jobs in 6 minutes
 FAULT_GAP_S = (10.0, 25.0)   # between one fault's restart and the next fault
@@ -180,7 +182,9 @@ async def settle(soak: Soak, js) -> None:
             last, last_change = now, time.monotonic()
         assert time.monotonic() - last_change < NO_PROGRESS_S, (
             f"nothing answered for {NO_PROGRESS_S} s: {results} of {soak.docs} results, "
-            f"{jobs_left} jobs unanswered")
+            f"{jobs_left} jobs unanswered "
+            f"({[f'j{i}' for i, t in enumerate(soak.jobs) if not t.done()][:10]}); faults "
+            f"(victim, seconds to restart): {soak.faults}")
         await asyncio.sleep(1.0)
 
 
