@@ -9,6 +9,7 @@ went out; a worker that dies before that leaves the message to be delivered agai
 engine never learns where a request came from."""
 
 import asyncio
+import datetime
 import itertools
 import logging
 import re
@@ -17,11 +18,13 @@ from abc import abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.api import (AckPolicy, ConsumerConfig, KeyValueConfig, RetentionPolicy, StorageType,
+                         StreamConfig)
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
-from poolwire.actors.durable_policy import (Outcome, compute_alone, dead_letter, exhausted, on_error,
-                                            pull_size, retry_delay)
+from poolwire.actors.durable_policy import (POISON_SPAN_S, Outcome, compute_alone,
+                                            counts_as_failure, dead_letter, exhausted, on_error,
+                                            pull_size, retry_delay, store_retry_delay)
 from poolwire.actors.ingest import new_request_id
 from poolwire.actors.messages import Incoming
 from poolwire.actors.runtime import Actor, MailboxFull
@@ -38,6 +41,7 @@ JOBS_DUPLICATE_WINDOW_S = 120.0          # the server's default, stated so it is
 DEAD_MAX_AGE_S = 30 * 24 * 3600          # dead letters are kept a month for inspection
 DEAD_MAX_BYTES = 256 * 1024 * 1024
 PUBLISH_TIMEOUT_S = 5.0                  # a PubAck through a leader election (NATS.md 7: ~4.3 s)
+FAILURES_MAX_AGE_S = 7 * 24 * 3600       # a document's failure count is forgotten after a week
 
 
 def stream_name(kind: str, prefix: str) -> str:
@@ -92,6 +96,23 @@ async def ensure_stream(js, captures: str, config: StreamConfig) -> str:
     return config.name
 
 
+async def ensure_failures_bucket(js, prefix: str, replicas: int):
+    """The KV bucket of failure counts (durable_policy.on_error), one key per message
+    (`<stream>.<sequence>`), shared by every worker of the prefix so that a document failing
+    on several workers is counted once per failure."""
+    bucket = stream_name("FAILURES", prefix)
+    try:
+        return await js.key_value(bucket)
+    except BucketNotFoundError:
+        pass
+    try:
+        return await js.create_key_value(KeyValueConfig(
+            bucket=bucket, history=1, ttl=FAILURES_MAX_AGE_S, storage=StorageType.FILE,
+            replicas=replicas))
+    except Exception:  # another worker created it meanwhile
+        return await js.key_value(bucket)
+
+
 async def ensure_dead_stream(js, prefix: str, replicas: int) -> str:
     return await ensure_stream(js, f"{prefix}.dead.>", StreamConfig(
         name=stream_name("DEAD", prefix), subjects=[f"{prefix}.dead.>"],
@@ -106,6 +127,7 @@ class IntakeLimits:
     capacity: int = 256              # messages this worker holds unacked at once
     batch: int = 64                  # messages per pull
     retry_base_s: float = 0.5        # nak delay of a failed job, times its delivery count
+    poison_span_s: float = POISON_SPAN_S  # durable_policy.exhausted
     max_queued_tokens: int = 262144  # the engine's admission bound
 
 
@@ -149,6 +171,11 @@ class JetStreamIntake(Actor):
         self.replicas = replicas
         self._psub = None
         self._flights: dict[str, Tracked] = {}
+        # Flights whose answer is computed but not yet stored (a stream without a leader):
+        # still held, with in-progress acks, while a task retries the store.
+        self._holding: dict[int, Tracked] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._failures = None          # the KV bucket of failure counts
         self._by_seq: dict[int, str] = {}  # stream sequence -> its flight's local subject
         self._ids = itertools.count()
         self._room = asyncio.Event()   # set when a flight settles: there may be room to pull
@@ -159,6 +186,7 @@ class JetStreamIntake(Actor):
         self.dead_lettered = 0
         self.retried = 0
         self.completed = 0
+        self.released = 0              # naked unstarted while draining (tests count them)
 
     # ---- set-up (subclasses create their stream and consumer) ----
 
@@ -174,6 +202,7 @@ class JetStreamIntake(Actor):
             max_deliver=-1, filter_subject=filter_subject, max_ack_pending=10000))
         self._psub = await self._js.pull_subscribe_bind(durable=durable, stream=stream)
         self.stream, self.durable = stream, durable
+        self._failures = await ensure_failures_bucket(self._js, self.prefix, self.replicas)
 
     # ---- what subclasses define ----
 
@@ -195,13 +224,17 @@ class JetStreamIntake(Actor):
     # ---- figures for $SRV.STATS ----
 
     def counters(self) -> dict[str, int]:
-        return {"pending": self.pending, "in_progress": len(self._flights),
+        return {"pending": self.pending, "in_progress": self.held,
                 "redelivered": self.redelivered, "dead_lettered": self.dead_lettered,
                 "retried": self.retried, "completed": self.completed}
 
     @property
     def backlog(self) -> int:
-        return super().backlog + len(self._flights)
+        return super().backlog + len(self._flights) + len(self._holding)
+
+    @property
+    def held(self) -> int:
+        return len(self._flights) + len(self._holding)
 
     # ---- pulling ----
 
@@ -209,7 +242,7 @@ class JetStreamIntake(Actor):
         fetch_timeout = max(0.05, min(1.0, self.limits.ack_wait_s / 2))
         failures = 0
         while not self._stopping:
-            n = pull_size(len(self._flights), self.limits.capacity, self._engine.queued_tokens,
+            n = pull_size(self.held, self.limits.capacity, self._engine.queued_tokens,
                           self.limits.max_queued_tokens, self.limits.batch)
             if n == 0:
                 # Flights settling set the event; the engine's queue shrinks without one, so
@@ -241,7 +274,7 @@ class JetStreamIntake(Actor):
         model), so JetStream does not hand it to another worker meanwhile."""
         while True:
             await asyncio.sleep(self.limits.ack_wait_s / 3)
-            for t in list(self._flights.values()):
+            for t in [*self._flights.values(), *self._holding.values()]:
                 await self._settle(t.msg.in_progress())
 
     async def _take(self, msg) -> None:
@@ -251,6 +284,7 @@ class JetStreamIntake(Actor):
         if deliveries > 1:
             self.redelivered += 1
         if self._stopping:  # not started: left to another worker at once
+            self.released += 1
             await self._settle(msg.nak())
             return
         running = self._flights.get(self._by_seq.get(meta.sequence.stream, ""))
@@ -259,6 +293,10 @@ class JetStreamIntake(Actor):
             # late, e.g. a stalled event loop): settle the newest delivery, compute it once.
             running.msg, running.deliveries = msg, deliveries
             return
+        for held in self._holding.values():
+            if held.msg.metadata.sequence.stream == meta.sequence.stream:
+                held.msg, held.deliveries = msg, deliveries  # its answer is being stored
+                return
         local = f"_POOLWIRE.{self.name}.{next(self._ids)}"
         trace = self._tracing.begin(msg.headers, msg.subject, time.monotonic(), self.name)
         with trace.stage("decode"):
@@ -268,12 +306,13 @@ class JetStreamIntake(Actor):
             trace.end(request.code)
             return
         request = replace(request, trace=trace)
-        if exhausted(deliveries, self.limits.max_deliveries):
+        age_s = (datetime.datetime.now(datetime.timezone.utc) - meta.timestamp).total_seconds()
+        if exhausted(deliveries, age_s, self.limits.max_deliveries, self.limits.poison_span_s):
             await self._dead_letter(tracked, PoolingError(
                 ErrorCode.INTERNAL,
-                f"job {tracked.request_id} was delivered {deliveries} times without an answer "
-                f"(the workers that took it stopped before answering); it is kept in "
-                f"{dead_subject(self.prefix, tracked.task_name)}"), trace.headers)
+                f"job {tracked.request_id} was delivered {deliveries} times over {age_s:.0f} s "
+                f"without an answer (the workers that took it stopped before answering); it is "
+                f"kept in {dead_subject(self.prefix, tracked.task_name)}"), trace.headers)
             trace.end(ErrorCode.INTERNAL)
             return
         self._flights[local] = tracked
@@ -305,21 +344,22 @@ class JetStreamIntake(Actor):
                 await self.forward(t, payload, headers)
                 return
             self._finish(t)
-            if await self.deliver(t, payload, headers):
+
+            async def acked() -> None:
                 self.completed += 1
                 await self._settle(t.msg.ack())
-            else:
-                self.retried += 1
-                await self._settle(t.msg.nak(delay=self.limits.retry_base_s))
+            await self._until_stored(t, lambda: self.deliver(t, payload, headers), acked)
             return
         error: PoolingError = payload
         self._finish(t)
-        outcome = on_error(error.code, t.deliveries, self.limits.max_deliveries)
+        failures = await self._count_failure(t) if counts_as_failure(error.code) else None
+        outcome = on_error(error.code, failures, self.limits.max_deliveries)
         if outcome is Outcome.RETRY:
             self.retried += 1
-            log.warning("%s: job %s failed on delivery %d of %d (%s); it is delivered again",
-                        self.name, t.request_id, t.deliveries, self.limits.max_deliveries,
-                        error.message)
+            log.warning("%s: job %s failed on delivery %d (%s failures of %d: %s); it is "
+                        "delivered again", self.name, t.request_id, t.deliveries,
+                        "uncounted" if failures is None else failures,
+                        self.limits.max_deliveries, error.message)
             await self._settle(t.msg.nak(delay=retry_delay(t.deliveries, self.limits.retry_base_s)))
         elif outcome is Outcome.REJECT:
             await self._reject(t, error, headers)
@@ -332,7 +372,60 @@ class JetStreamIntake(Actor):
             self._finish(t)
             await self._settle(t.msg.nak(delay=self.limits.retry_base_s))
 
+    async def _count_failure(self, t: Tracked) -> int | None:
+        """Records one more failed computation of t's message, where every worker sees it;
+        the count with it, or None when the bucket cannot be reached (then it is not counted:
+        the document is delivered again, and the bucket is back after the election)."""
+        meta = t.msg.metadata
+        key = f"{meta.stream}.{meta.sequence.stream}"
+        try:
+            try:
+                count = int((await self._failures.get(key)).value or b"0") + 1
+            except KeyNotFoundError:
+                count = 1
+            await self._failures.put(key, str(count).encode())
+            return count
+        except Exception as exc:
+            log.warning("%s: could not record a failure of %s in %s (%r); not counted",
+                        self.name, t.request_id, stream_name("FAILURES", self.prefix), exc)
+            return None
+
     # ---- settling ----
+
+    async def _until_stored(self, t: Tracked, store, stored) -> None:
+        """`await store()` until it returns True, then `await stored()` (the ack or term). A
+        store that fails is the infrastructure's fault (a stream without a leader, a lost
+        connection): retried here, the message held with in-progress acks, for longer than a
+        leader election (durable_policy.store_retry_delay), not naked at once, so it costs the
+        document no delivery. Past that, or when draining, it is naked: delivered again later."""
+        if await store():
+            await stored()
+            return
+        key = next(self._ids)
+        self._holding[key] = t
+        task = asyncio.create_task(self._keep_storing(key, t, store, stored))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _keep_storing(self, key: int, t: Tracked, store, stored) -> None:
+        began = time.monotonic()
+        try:
+            for attempt in itertools.count(1):
+                delay = store_retry_delay(attempt, time.monotonic() - began)
+                if delay is None or self._stopping:
+                    log.warning("%s: could not store the answer to %s for %.0f s; it is "
+                                "delivered again", self.name, t.request_id,
+                                time.monotonic() - began)
+                    self.retried += 1
+                    await self._settle(t.msg.nak(delay=self.limits.retry_base_s))
+                    return
+                await asyncio.sleep(delay)
+                if await store():
+                    await stored()
+                    return
+        finally:
+            self._holding.pop(key, None)
+            self._room.set()
 
     def _finish(self, t: Tracked) -> None:
         self._flights.pop(t.local, None)
@@ -352,10 +445,8 @@ class JetStreamIntake(Actor):
                      self.name, exc)
 
     async def _reject(self, t: Tracked, error: PoolingError, headers: dict | None) -> None:
-        if await self.deliver_error(t, error, headers):
-            await self._settle(t.msg.term())
-        else:  # the error could not be stored: deliver it again rather than lose it
-            await self._settle(t.msg.nak(delay=self.limits.retry_base_s))
+        await self._until_stored(t, lambda: self.deliver_error(t, error, headers),
+                                 lambda: self._settle(t.msg.term()))
 
     async def _dead_letter(self, t: Tracked, error: PoolingError, headers: dict | None) -> None:
         record = {"request_id": t.request_id, "task": t.task_name, "deliveries": t.deliveries,
@@ -368,17 +459,23 @@ class JetStreamIntake(Actor):
         meta = t.msg.metadata
         body, kept = dead_letter(record, bytes(t.msg.data), kept or None, self._nc.max_payload,
                                  meta.stream, meta.sequence.stream)
-        try:
-            await self._js.publish(subject, body, headers=kept, timeout=PUBLISH_TIMEOUT_S)
-        except Exception as exc:  # not stored: deliver it again rather than lose it
-            log.error("%s: could not dead-letter job %s to %s (%r); it is delivered again",
-                      self.name, t.request_id, subject, exc)
-            await self._settle(t.msg.nak(delay=self.limits.retry_base_s))
-            return
-        self.dead_lettered += 1
-        log.error("%s: job %s failed on %d deliveries (%s); dead-lettered to %s", self.name,
-                  t.request_id, t.deliveries, error.message, subject)
-        await self._reject(t, error, headers)
+
+        async def store() -> bool:
+            try:
+                await self._js.publish(subject, body, headers=kept, timeout=PUBLISH_TIMEOUT_S)
+                return True
+            except Exception as exc:  # not stored: retried, never lost
+                log.error("%s: could not dead-letter job %s to %s (%r); retrying", self.name,
+                          t.request_id, subject, exc)
+                return False
+
+        async def stored() -> None:
+            self.dead_lettered += 1
+            log.error("%s: job %s failed on %d deliveries (%s); dead-lettered to %s", self.name,
+                      t.request_id, t.deliveries, error.message, subject)
+            await self._reject(t, error, headers)
+
+        await self._until_stored(t, store, stored)
 
     # ---- drain ----
 

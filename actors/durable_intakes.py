@@ -36,7 +36,8 @@ async def start_intakes(nc, settings: WorkerSettings, pipeline: PipelineSpec | N
     s = settings
     limits = IntakeLimits(max_deliveries=s.durable_max_deliveries, ack_wait_s=s.durable_ack_wait_s,
                           capacity=s.durable_capacity, batch=min(64, s.durable_capacity),
-                          max_queued_tokens=s.max_queued_tokens)
+                          max_queued_tokens=s.max_queued_tokens,
+                          poison_span_s=s.durable_poison_span_s)
     intakes: list[JetStreamIntake] = []
     common = dict(nc=nc, prefix=s.prefix, validator=validator, replier=replier, engine=engine,
                   limits=limits, replicas=s.durable_replicas, queue=s.queue)

@@ -17,6 +17,17 @@ DEAD_MESSAGE_CHARS = 200
 # batch that ran out of memory), or the worker had no room after all.
 TRANSIENT = frozenset({ErrorCode.INTERNAL, ErrorCode.OVERLOADED})
 
+# How long a worker keeps trying to store an answer (a result, an error result, a dead letter)
+# before it lets the message go round again: a JetStream leader election takes 8 to 17 s on a
+# loaded machine (RELIABILITY.md), so this outlasts several in a row.
+STORE_RETRY_S = 60.0
+STORE_RETRY_FIRST_S = 0.25
+STORE_RETRY_MAX_S = 4.0
+
+# The time span a message must have spent in its stream before deliveries that ended without
+# an answer (its workers died, or its acks were lost) can dead-letter it: 20 elections long.
+POISON_SPAN_S = 300.0
+
 
 class Outcome(str, Enum):
     REJECT = "reject"  # answer the error frame and terminate: no delivery would do better
@@ -24,18 +35,55 @@ class Outcome(str, Enum):
     DEAD = "dead"      # dead-letter to P.dead.<task>, answer the error frame, terminate
 
 
-def on_error(code: ErrorCode, deliveries: int, max_deliveries: int) -> Outcome:
-    """A transient error is retried until the job has had `max_deliveries` deliveries; every
-    other error is the job's own (bad fields, too long, deadline passed) and is final."""
+def counts_as_failure(code: ErrorCode) -> bool:
+    """Whether an error is the document's own failure, counted toward dead-lettering: `internal`
+    is what the engine answers when the forward pass (or the planning of its batch) raised, the
+    one fault a document brings with it. `overloaded` is the worker's state, not the document's;
+    a lost connection, a store without a leader or a drain never reach `on_error` (the intake
+    retries those itself, see `store_retry_delay`)."""
+    return code is ErrorCode.INTERNAL
+
+
+def on_error(code: ErrorCode, failures: int | None, max_deliveries: int) -> Outcome:
+    """What a job's error means. Errors other than transient ones are the job's own (bad fields,
+    too long, deadline passed) and final. A transient error is retried; it dead-letters the job
+    only once `failures`, the deliveries whose computation failed (this one included, counted
+    across workers in a JetStream KV bucket), reach `max_deliveries`. JetStream's delivery
+    count is not used: it also counts deliveries ended by dead workers, lost acks and leader
+    elections, and a run of those would dead-letter a healthy document. `failures` None means
+    the count could not be recorded (the bucket had no leader): retried, not counted."""
     if code not in TRANSIENT:
         return Outcome.REJECT
-    return Outcome.RETRY if deliveries < max_deliveries else Outcome.DEAD
+    if not counts_as_failure(code) or failures is None:
+        return Outcome.RETRY
+    return Outcome.RETRY if failures < max_deliveries else Outcome.DEAD
 
 
-def exhausted(deliveries: int, max_deliveries: int) -> bool:
-    """A delivery past the bound: every earlier one ended without an answer (the workers that
-    took it died or never finished it), so it is dead-lettered without computing it again."""
-    return deliveries > max_deliveries
+def exhausted(deliveries: int, age_s: float, max_deliveries: int,
+              span_s: float = POISON_SPAN_S) -> bool:
+    """A delivery dead-lettered without computing it: more than `max_deliveries` deliveries, and
+    the message first stored at least `span_s` ago (JetStream's message timestamp).
+
+    Why both: a document that kills the worker computing it (a crash in native code, memory
+    exhausted) leaves no failure behind, only deliveries that ended without an answer, and must
+    still end. But such deliveries are also what infrastructure faults make: a SIGKILLed worker
+    hands back all it held, a node kill loses acks and stalls the stream's leader for 8 to 17 s,
+    and a document can meet several of those in a row. A count alone is reached by a run of
+    faults; a span of 20 elections is not, because every fault that ends a delivery also hands
+    the document to a worker again within seconds (ack_wait, a nak's delay), and a healthy one
+    is then answered. Time spent waiting in a backlog counts toward the span, which is why the
+    count is kept as well."""
+    return deliveries > max_deliveries and age_s >= span_s
+
+
+def store_retry_delay(attempt: int, elapsed_s: float, limit_s: float = STORE_RETRY_S) -> float | None:
+    """Seconds before the `attempt`-th retry of a store that failed (a results, dead-letter or
+    KV stream without a leader, a lost connection), or None once `limit_s` has passed: then the
+    message is naked and delivered again later, which does not count against the document.
+    Doubling from 0.25 s to 4 s, so a store is retried about 20 times within the minute."""
+    if elapsed_s >= limit_s:
+        return None
+    return min(STORE_RETRY_MAX_S, STORE_RETRY_FIRST_S * 2 ** (attempt - 1), limit_s - elapsed_s)
 
 
 def compute_alone(deliveries: int, max_deliveries: int) -> bool:

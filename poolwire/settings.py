@@ -126,6 +126,9 @@ class WorkerSettings(BaseSettings):
     durable_ack_wait_s: float = Field(
         30.0, gt=0, description="a job unacked this long (worker gone) is delivered again")
     durable_capacity: int = Field(256, ge=1, description="durable jobs a worker holds unacked at once")
+    durable_poison_span_s: float = Field(
+        300.0, gt=0, description="a job delivered over --durable-max-deliveries times without an "
+                                 "answer is dead-lettered once it is this old")
     durable_replicas: int = Field(1, ge=1, description="replicas of the jobs and dead-letter streams it creates")
     pipeline_stream: str | None = Field(None, description="consume this existing stream as a pipeline")
     pipeline_input: str | None = Field(

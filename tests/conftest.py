@@ -126,3 +126,12 @@ def report(request):
         values = ", ".join(f"{k}={v}" for k, v in figures.items())
         print(f"\nFIGURES {request.node.name}: {what}: {values}")
     return _report
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("soak", "the chaos soak (tests/test_soak_chaos.py)")
+    group.addoption("--soak-minutes", type=float, nargs="?", const=60.0, default=None,
+                    help="run the chaos soak this long (60 when given without a value); "
+                         "default: the 2-minute version of `make test`")
+    group.addoption("--soak-seed", type=int, default=None,
+                    help="the seed of the soak's fault schedule; default: the fixed seeds")

@@ -127,6 +127,27 @@ class NatsCluster:
                     time.sleep(0.01)  # written within ~20 ms (NATS.md section 2)
         return self
 
+    def restart(self, name: str, timeout: float = 15.0) -> None:
+        """Start a killed node again on its client port and store (it rejoins the cluster and
+        catches its streams up from the others). The port was free a moment ago, when the node
+        died; another process taking it meanwhile fails the start."""
+        port = int(self.urls[name].rsplit(":", 1)[1])
+        conf = self.root / f"{name}.conf"
+        conf.write_text(conf.read_text().replace('listen: "127.0.0.1:-1"',
+                                                 f'listen: "127.0.0.1:{port}"'))
+        ports_dir = self.root / f"ports-{name}"
+        self.procs[name] = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf), "--ports_file_dir", str(ports_dir),
+             "-l", str(self.root / f"{name}.log")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        ports_file = ports_dir / f"nats-server_{self.procs[name].pid}.ports"
+        deadline = time.monotonic() + timeout
+        while not ports_file.exists():
+            if time.monotonic() > deadline or self.procs[name].poll() is not None:
+                raise RuntimeError(f"node {name} did not restart: {self.log(name)}")
+            time.sleep(0.01)
+
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""

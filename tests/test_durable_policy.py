@@ -6,8 +6,9 @@ import random
 import msgpack
 import pytest
 
-from poolwire.actors.durable_policy import (Outcome, compute_alone, dead_letter, exhausted, on_error,
-                                            pull_size, retry_delay)
+from poolwire.actors.durable_policy import (POISON_SPAN_S, STORE_RETRY_S, Outcome, compute_alone,
+                                            counts_as_failure, dead_letter, exhausted, on_error,
+                                            pull_size, retry_delay, store_retry_delay)
 from poolwire.actors.framing import header_bytes
 from poolwire.actors.durable_intakes import pipeline_spec
 from poolwire.actors.pipeline import PipelineSpec, output_subject, request_for
@@ -21,18 +22,46 @@ from poolwire.schemas.errors import ErrorCode, PoolingError
                                   ErrorCode.TASK_NOT_CONFIGURED, ErrorCode.INPUT_TOO_LONG,
                                   ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.DEADLINE_EXCEEDED])
 def test_the_jobs_own_errors_are_final_on_the_first_delivery(code):
-    assert on_error(code, deliveries=1, max_deliveries=5) is Outcome.REJECT
+    assert on_error(code, failures=1, max_deliveries=5) is Outcome.REJECT
 
 
-@pytest.mark.parametrize("code", [ErrorCode.INTERNAL, ErrorCode.OVERLOADED])
-def test_transient_errors_are_retried_until_the_last_delivery_then_dead_lettered(code):
-    assert [on_error(code, d, 3) for d in (1, 2, 3)] == [Outcome.RETRY, Outcome.RETRY, Outcome.DEAD]
+def test_a_failed_computation_is_counted_and_dead_letters_at_the_bound():
+    code = ErrorCode.INTERNAL
+    assert counts_as_failure(code)
+    assert [on_error(code, f, 3) for f in (1, 2, 3)] == [Outcome.RETRY, Outcome.RETRY, Outcome.DEAD]
     assert on_error(code, 1, 1) is Outcome.DEAD
 
 
-def test_a_delivery_past_the_bound_is_exhausted():
-    assert not exhausted(3, 3)
-    assert exhausted(4, 3)
+def test_what_is_not_the_documents_fault_is_retried_and_never_dead_letters():
+    # overloaded is the worker's state; a failure that could not be recorded (the KV bucket had
+    # no leader) is not counted: however often either happens, the job is delivered again.
+    assert not counts_as_failure(ErrorCode.OVERLOADED)
+    assert all(on_error(ErrorCode.OVERLOADED, f, 3) is Outcome.RETRY for f in (None, 1, 3, 100))
+    assert on_error(ErrorCode.INTERNAL, None, 1) is Outcome.RETRY
+
+
+def test_deliveries_without_an_answer_dead_letter_only_after_the_count_and_the_span():
+    # A run of infrastructure faults: many deliveries within a few elections. Not exhausted.
+    assert not exhausted(deliveries=40, age_s=120.0, max_deliveries=5, span_s=300.0)
+    # A message that waited in a backlog for an hour, delivered a second time: not exhausted.
+    assert not exhausted(2, 3600.0, 5, 300.0)
+    assert not exhausted(5, 3600.0, 5, 300.0)
+    # A document that kills every worker computing it: ends once both are passed.
+    assert exhausted(6, 300.0, 5, 300.0)
+    assert exhausted(6, 301.0, 5)  # the default span: 20 leader elections of 15 s
+    assert POISON_SPAN_S >= 20 * 15
+
+
+def test_a_failed_store_is_retried_for_longer_than_a_leader_election():
+    delays, elapsed = [], 0.0
+    while (d := store_retry_delay(len(delays) + 1, elapsed)) is not None:
+        delays.append(d)
+        elapsed += d
+    assert delays[:5] == [0.25, 0.5, 1.0, 2.0, 4.0] and max(delays) == 4.0
+    # Longer than several elections of 8 to 17 s in a row; the old nak schedule gave up in 2.5 s.
+    assert elapsed == pytest.approx(STORE_RETRY_S) and STORE_RETRY_S >= 3 * 17
+    assert 15 <= len(delays) <= 25
+    assert store_retry_delay(1, 60.0) is None and store_retry_delay(3, 59.9) == pytest.approx(0.1)
 
 
 def test_retry_delays_grow_with_deliveries_and_are_jittered():
