@@ -107,6 +107,7 @@ class PoolingClient:
         self.job_frames = 0          # final frames received for durable jobs, repeats included
         self.duplicates_dropped = 0  # of those, repeats of an answered job (at-least-once)
         self.publish_retries = 0     # JetStream publishes tried again (e.g. a leader election)
+        self.resubmitted = 0         # durable jobs published again after resubmit_after_s
 
     async def __aenter__(self) -> "PoolingClient":
         if self.nc is None:
@@ -179,13 +180,21 @@ class PoolingClient:
             await sub.unsubscribe()
 
     async def submit(self, task: str, body: dict[str, Any], timeout: float | None = None,
-                     publish_retry_s: float = 10.0) -> dict[str, Any]:
+                     publish_retry_s: float = 10.0,
+                     resubmit_after_s: float | None = None) -> dict[str, Any]:
         """A durable job (PROTOCOL.md "Durable mode"): published through JetStream to
         `P.jobs.<task>`, kept until a worker answered it, so it survives worker deaths and
         restarts. Returns the one-message reply; raises PoolingServiceError on an error frame.
         Delivery is at least once: repeated frames of an answered job are dropped by request_id
         (counted in `duplicates_dropped`). Publishing is retried for `publish_retry_s` seconds,
-        which covers a stream leader election (about 4.3 s measured, NATS.md section 7)."""
+        which covers a stream leader election (about 4.3 s measured, NATS.md section 7).
+
+        The answer itself travels by core NATS to this client's inbox, at most once: a reply
+        published while this connection is between servers (its server killed, say) is lost,
+        and the worker, which published it, acks the job. `resubmit_after_s` publishes the job
+        again after that long without an answer, under a new `Nats-Msg-Id` (the stream would
+        drop the same id as a duplicate), so it is computed again; set it above the longest a
+        job may legitimately wait, since every resubmission is computed."""
         body = {k: v for k, v in body.items() if v is not None}
         if body.get("stream"):
             raise ValueError("submit returns one reply message; drop `stream` (a durable job's "
@@ -194,10 +203,23 @@ class PoolingClient:
         await self._ensure_jobs_inbox()
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
+        data = msgpack.packb(body, use_bin_type=True)
+        deadline = time.monotonic() + (timeout or self.timeout)
         try:
-            await self._publish_job(task, msgpack.packb(body, use_bin_type=True), request_id,
-                                    publish_retry_s)
-            frame = await asyncio.wait_for(future, timeout or self.timeout)
+            msg_id, attempt = request_id, 0
+            while True:
+                await self._publish_job(task, data, msg_id, publish_retry_s)
+                left = deadline - time.monotonic()
+                wait = left if resubmit_after_s is None else min(left, resubmit_after_s)
+                try:
+                    frame = await asyncio.wait_for(asyncio.shield(future), max(wait, 0.0))
+                    break
+                except asyncio.TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise
+                attempt += 1
+                msg_id = f"{request_id}:{attempt}"
+                self.resubmitted += 1
         finally:
             self._waiting.pop(request_id, None)
         return _check(frame)
@@ -224,9 +246,9 @@ class PoolingClient:
         if len(self._answered) > _ANSWERED_KEPT:
             self._answered.popitem(last=False)
 
-    async def _publish_job(self, task: str, data: bytes, request_id: str, retry_s: float) -> None:
+    async def _publish_job(self, task: str, data: bytes, msg_id: str, retry_s: float) -> None:
         subject = f"{self.prefix}.jobs.{task}"
-        headers = trace_headers({"Pooling-Reply-To": self._jobs_inbox, "Nats-Msg-Id": request_id})
+        headers = trace_headers({"Pooling-Reply-To": self._jobs_inbox, "Nats-Msg-Id": msg_id})
         js = self.nc.jetstream()
         deadline = time.monotonic() + retry_s
         while True:

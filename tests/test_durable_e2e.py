@@ -52,6 +52,35 @@ async def test_a_job_is_answered_on_its_reply_subject_then_acked(minilm, start_w
         assert stats["dead_lettered"] == 0 and stats["redelivered"] == 0
 
 
+async def test_an_answer_lost_on_its_way_is_got_by_resubmitting(minilm, start_worker, nc, prefix):
+    """A durable job's answer goes to the client's inbox by core NATS, at most once; here the
+    first answer is lost on its way (as it is when the client is between servers), the worker
+    has acked the job, and only resubmit_after_s gets an answer: the job published again under
+    a new Nats-Msg-Id, computed again, its late repeat dropped by request_id."""
+    async with start_worker(minilm, **DURABLE):
+        client = PoolingClient(nc, prefix=prefix)
+        deliver = client._on_job_frame
+        lost = []
+
+        async def losing_the_first(msg):
+            if not lost:
+                lost.append(msg)  # never reaches the client
+                return
+            await deliver(msg)
+
+        client._on_job_frame = losing_the_first
+        await client._ensure_jobs_inbox()
+        with pytest.raises(asyncio.TimeoutError):  # without resubmitting: waits in vain
+            await client.submit("embed", {"input": "lost once", "request_id": "lost-1"},
+                                timeout=3)
+        assert len(lost) == 1 and client.resubmitted == 0
+        lost.clear()
+        reply = await client.submit("embed", {"input": "lost once", "request_id": "lost-2"},
+                                    timeout=30, resubmit_after_s=2)
+        assert reply["request_id"] == "lost-2" and len(reply["data"][0]["data"]) == 384
+        assert len(lost) == 1 and client.resubmitted == 1
+
+
 async def _empty(js, stream: str, consumer: str) -> bool:
     info = await js.consumer_info(stream, consumer)
     return info.num_ack_pending == 0 and info.num_pending == 0 and \

@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 SHORT_MINUTES = 2.0
 # The seeds `make test` runs. A seed that ever failed is added here, so it is run every time.
 # 108: in a 6-minute run one job of 571 was never answered (all 1,377 documents were stored
-# once); not explained yet, see RELIABILITY.md.
+# once, no worker logged an error): most likely its answer was published while the client's
+# server was down (core NATS, at most once); the client now resubmits after a silence
+# (`jobs_resubmitted` in the figures), see RELIABILITY.md.
 FIXED_SEEDS = [21, 108]
 DOCS_PER_S = 4.0             # 1,440 documents in 6 minutes
 JOBS_PER_S = 1.6             # 576 jobs in 6 minutes
@@ -155,8 +157,11 @@ class Soak:
             await asyncio.sleep(1 / JOBS_PER_S)
 
     async def _job(self, client: PoolingClient, i: int) -> tuple[int, dict]:
+        # An answer published while this client's server is down is lost (core NATS, at
+        # most once; seed 108 lost one that way), so the client resubmits after a silence
+        # longer than a worker's restart here (up to 94 s under load).
         reply = await client.submit("embed", {"input": text_of(10**6 + i), "request_id": f"j{i}"},
-                                    timeout=3600, publish_retry_s=120)
+                                    timeout=3600, publish_retry_s=120, resubmit_after_s=150)
         self.answered += 1
         return i, reply
 
@@ -289,6 +294,9 @@ async def test_a_cluster_and_two_workers_under_random_kills_lose_nothing(minilm,
         publish_stalls_over_1s=len(soak.stalls), longest_stall_s=max(soak.stalls, default=0),
         job_publish_retries=client.publish_retries,
         job_duplicates_dropped=client.duplicates_dropped,
+        # Jobs published again after 150 s without an answer: each is an answer lost on its
+        # way to this client (or a job lost by the workers, which this cannot tell apart).
+        jobs_resubmitted=client.resubmitted,
         # What the workers met and retried in place (each a delivery the old accounting burned).
         result_stores_retried=logs.count("could not store the result"),
         dead_letters_retried=logs.count("could not dead-letter"),
