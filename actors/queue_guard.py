@@ -7,12 +7,16 @@ warnings, and nothing told anyone).
 `conflicts` decides (pure); `ensure_alone_or_alike` asks the running workers through discovery
 ($SRV.INFO.poolwire, which every worker answers, NATS.md section 3)."""
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from poolwire.actors.discovery import SERVICE_NAME
 from poolwire.operators import collect_answers
+from poolwire.refusals import PermissionRefusedError
+
+log = logging.getLogger(__name__)
 
 
 class QueueConflictError(Exception):
@@ -70,7 +74,14 @@ async def ensure_alone_or_alike(nc, me: Member) -> None:
     this guards against the common mistake, not against a race."""
     # Quiet for 0.25 s after an answer: every worker has spoken (they answer within
     # milliseconds); with no worker at all the no-responders status ends the wait at once.
-    answers = await collect_answers(nc, f"$SRV.INFO.{SERVICE_NAME}", idle=0.25, first=2.0)
+    try:
+        answers = await collect_answers(nc, f"$SRV.INFO.{SERVICE_NAME}", idle=0.25, first=2.0)
+    except PermissionRefusedError as exc:
+        # The check is a courtesy, not the worker's job: a user without discovery rights still
+        # serves (and its self-check says whether it can prove it receives).
+        log.warning("could not check queue group %r for workers of another model: %s; "
+                    "starting without the check", me.queue, exc)
+        return
     members = [m for m in map(member_from_info, answers) if m is not None]
     found = conflicts(me, members)
     if found:
