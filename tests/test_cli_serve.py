@@ -47,13 +47,17 @@ async def test_serve_embedded_answers_then_drains_in_flight_requests_on_sigint(t
         try:
             reply = await nc.request("cli.pooling.embed", b'{"input": "hello"}', timeout=30)
             assert len(json.loads(reply.data)["data"][0]["data"]) == 384
-            # Requests in flight when Ctrl-C arrives are still answered.
-            pending = [asyncio.ensure_future(nc.request(
-                "cli.pooling.embed", msgpack.packb({"input": [f"text {i}"] * 8}), timeout=60))
-                for i in range(20)]
-            await nc.flush()
+            # Requests in flight when Ctrl-C arrives are still answered. Published here, not in
+            # tasks of nc.request: a task may publish only after the flush below, so after the
+            # signal, and its request then finds no responder (a race of the test, seen in CI).
+            inbox = nc.new_inbox()
+            sub = await nc.subscribe(inbox)
+            for i in range(20):
+                await nc.publish("cli.pooling.embed", msgpack.packb({"input": [f"text {i}"] * 8}),
+                                 reply=inbox)
+            await nc.flush()  # every request reached the server, before the worker drains
             proc.send_signal(signal.SIGINT)
-            replies = await asyncio.gather(*pending)
+            replies = [await sub.next_msg(timeout=60) for _ in range(20)]
             assert all(len(msgpack.unpackb(r.data)["data"]) == 8 for r in replies)
         finally:
             await nc.close()
