@@ -133,7 +133,16 @@ async def test_a_drained_worker_answers_what_it_started_and_leaves_the_rest(mini
             await first.stop()
             drain_s = time.monotonic() - drained
             [intake] = first.intakes
-            ids, errors = await load.results()
+            try:
+                ids, errors = await load.results()
+            except TimeoutError as exc:  # say which worker holds what is missing
+                info = await nc.jetstream().consumer_info(intake.stream, intake.durable)
+                raise AssertionError(
+                    f"{exc}; the drained worker: completed {intake.completed}, held "
+                    f"{intake.held}, released {intake.released}; the survivor: "
+                    f"{await durable_stats(nc)}; the consumer: ack_pending "
+                    f"{info.num_ack_pending}, pending {info.num_pending}, redelivered "
+                    f"{info.num_redelivered}; the survivor's log: {other.log_tail()}") from exc
         stats = await durable_stats(nc)  # only the survivor answers now
         report("drain", jobs=jobs, answered=len(ids), lost=jobs - len(ids),
                answered_by_drained=intake.completed, released_by_drain=intake.released,
