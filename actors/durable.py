@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from nats.js.api import (AckPolicy, ConsumerConfig, KeyValueConfig, RetentionPolicy, StorageType,
                          StreamConfig)
+from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from poolwire.actors.durable_policy import (POISON_SPAN_S, Outcome, compute_alone,
@@ -42,6 +43,7 @@ DEAD_MAX_AGE_S = 30 * 24 * 3600          # dead letters are kept a month for ins
 DEAD_MAX_BYTES = 256 * 1024 * 1024
 PUBLISH_TIMEOUT_S = 5.0                  # a PubAck through a leader election (NATS.md 7: ~4.3 s)
 FAILURES_MAX_AGE_S = 7 * 24 * 3600       # a document's failure count is forgotten after a week
+LATE_DELIVERY_MARGIN_S = 0.5             # a pull request's expiry, as the server's clock may see it
 
 
 def stream_name(kind: str, prefix: str) -> str:
@@ -181,6 +183,8 @@ class JetStreamIntake(Actor):
         self._room = asyncio.Event()   # set when a flight settles: there may be room to pull
         self._stopping = False
         self._pulling_done = asyncio.Event()
+        self._fetch_timeout_s = max(0.05, min(1.0, limits.ack_wait_s / 2))
+        self._pull_expires = 0.0       # when the server drops the last pull request (monotonic)
         self.pending = 0               # messages left for the consumer, as JetStream last said
         self.redelivered = 0
         self.dead_lettered = 0
@@ -239,7 +243,7 @@ class JetStreamIntake(Actor):
     # ---- pulling ----
 
     async def pull_loop(self) -> None:
-        fetch_timeout = max(0.05, min(1.0, self.limits.ack_wait_s / 2))
+        fetch_timeout = self._fetch_timeout_s
         failures = 0
         while not self._stopping:
             n = pull_size(self.held, self.limits.capacity, self._engine.queued_tokens,
@@ -254,6 +258,7 @@ class JetStreamIntake(Actor):
                     pass
                 continue
             try:
+                self._pull_expires = time.monotonic() + fetch_timeout
                 msgs = await self._psub.fetch(n, timeout=fetch_timeout)
                 failures = 0
             except asyncio.TimeoutError:  # nats.errors.TimeoutError is one: nothing to do
@@ -480,19 +485,46 @@ class JetStreamIntake(Actor):
     # ---- drain ----
 
     async def stop_intake(self) -> None:
-        """Pull no more; what was pulled but not started is naked by the pull loop, what was
+        """Pull no more; what was pulled but not started is naked (by the pull loop, and by
+        `_release_late` for what the server delivered after the last fetch returned), what was
         started is answered (the worker waits for `backlog`)."""
         self._stopping = True
         if self._psub is None:
             return
-        try:
-            await asyncio.wait_for(self._pulling_done.wait(), 2.0)
+        try:  # the loop ends within one fetch (at most a second) and the takes of its batch
+            await asyncio.wait_for(self._pulling_done.wait(), self._fetch_timeout_s + 10.0)
         except asyncio.TimeoutError:
             log.warning("%s: the pull loop did not stop in time", self.name)
+        await self._release_late()
         try:
             await self._psub.unsubscribe()
         except Exception as exc:
             log.info("%s: could not unsubscribe (%r)", self.name, exc)
+
+    async def _release_late(self) -> None:
+        """A pull request stays on the server until it expires, and a fetch that returned early
+        (enough messages, or its deadline passed on a stalled event loop) leaves the rest of
+        its batch to arrive in the subscription's queue, where the next fetch takes them.
+        Draining, there is no next fetch: unsubscribing would drop them, and they would wait
+        out ack_wait unseen (a drain in CI once left 32 jobs unanswered for over 90 s, and this
+        is how a drain can). So read the queue until the last request has expired, and hand
+        each message back (`_take` naks it while stopping). nats-py has no public way to read that queue without sending a new
+        pull request (fetch always sends one), hence its subscription's own `next_msg`."""
+        queue = self._psub._sub
+        while True:
+            left = self._pull_expires + LATE_DELIVERY_MARGIN_S - time.monotonic()
+            if left <= 0 and self._psub.pending_msgs == 0:
+                return
+            try:
+                msg = await queue.next_msg(timeout=max(left, 0.01))
+            except asyncio.TimeoutError:  # nats.errors.TimeoutError is one
+                continue
+            except Exception as exc:  # the connection is closing: they come back after ack_wait
+                log.info("%s: could not read late deliveries (%r)", self.name, exc)
+                return
+            if JetStreamContext.is_status_msg(msg):
+                continue  # the end of a pull request (404, 408), not a message
+            await self._take(msg)
 
 
 class DurableJobs(JetStreamIntake):

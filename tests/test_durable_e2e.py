@@ -3,6 +3,7 @@ answered on Pooling-Reply-To then acked, malformed jobs terminated, jobs kept wh
 runs, poison jobs dead-lettered after the stated deliveries, an operator's stream."""
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -123,6 +124,46 @@ async def test_jobs_published_while_no_worker_runs_are_answered_once_one_starts(
                           "all_answered_s_after_start": round(time.monotonic() - started, 2)}))
     assert sorted(r["request_id"] for r in replies) == sorted({r["request_id"] for r in replies})
     assert len(replies) == 50 and client.duplicates_dropped == 0
+
+
+async def test_a_drain_hands_back_what_the_server_delivered_after_the_last_fetch(minilm, start_worker, nc, prefix):
+    """A pull request outlives the fetch that sent it (a fetch returns early with part of its
+    batch, or past its deadline on a stalled event loop), and what the server delivers for it
+    waits in the subscription's queue for the next fetch. A drain has no next fetch: those
+    messages must be handed back (naked) before unsubscribing, not dropped to wait out
+    ack_wait. Here the intake stops pulling (no room), and a pull request sent on its own inbox
+    puts 3 jobs in that queue, as a late batch would. The jobs' own timeout (30 s) is below
+    ack_wait (60 s): a dropped job is not back in time."""
+    js = nc.jetstream()
+    client = PoolingClient(nc, prefix=prefix)
+    async with start_worker(minilm, durable=True, durable_ack_wait_s=60.0) as worker:
+        [intake] = worker.intakes
+        intake.limits = dataclasses.replace(intake.limits, capacity=0)  # pull_size is 0 now
+        await poll_until(lambda: _no_pull_waiting(js, intake))  # its last fetch expired
+        jobs = [asyncio.create_task(client.submit("embed", {"input": f"late {i}"}, timeout=30))
+                for i in range(3)]
+        await poll_until(lambda: _count_is(js, intake.stream, 3))
+        # The intake's own inbox (nats-py keeps it private), as the lingering request of a
+        # fetch would have it.
+        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{intake.stream}.{intake.durable}",
+                         json.dumps({"batch": 3}).encode(), reply=intake._psub._deliver)
+        await nc.flush()
+        # (with the 408 that ended its last pull request, when that came after the fetch)
+        await poll_until(lambda: _async(intake._psub.pending_msgs >= 3))
+    assert intake.released == 3 and intake.completed == 0
+    async with start_worker(minilm, durable=True, durable_ack_wait_s=60.0) as second:
+        replies = await asyncio.gather(*jobs)
+        [again] = second.intakes
+        assert again.redelivered == 3 and again.completed == 3
+    assert sorted(len(r["data"]) for r in replies) == [1, 1, 1]
+
+
+async def _async(value):
+    return value
+
+
+async def _no_pull_waiting(js, intake) -> bool:
+    return (await js.consumer_info(intake.stream, intake.durable)).num_waiting == 0
 
 
 async def _count_is(js, stream: str, n: int) -> bool:
