@@ -19,9 +19,10 @@ WORKDIR /app
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 
 # Dependencies before the source, so a code change rebuilds only the last layers. Triton is left
-# out: on the CPU the kernels run their PyTorch references (the worker says so at start).
+# out: on the CPU the kernels run their PyTorch references (the worker says so at start). The
+# tracing extra is in, so `--otlp-endpoint` works in the image as documented.
 COPY pyproject.toml README.md ./
-RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.startswith(('torch', 'triton'))))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; deps = p['dependencies'] + p['optional-dependencies']['tracing']; print('\n'.join(d for d in deps if not d.startswith(('torch', 'triton'))))" > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
 
 COPY poolwire ./poolwire

@@ -5,7 +5,9 @@ and the operational settings (health, restart, drain, ports, mounts) hold."""
 import platform
 import re
 import subprocess
+import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,22 @@ def test_the_cpu_image_takes_the_cpu_torch_and_the_gpu_image_has_a_compiler_for_
     gpu = (ROOT / "Dockerfile.gpu").read_text()
     assert re.search(r"apt-get install .*\bgcc\b.*\blibc6-dev\b", gpu)
     assert "download.pytorch.org/whl/cpu" not in gpu
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_the_images_install_the_dependencies_and_the_tracing_extra_but_not_torch(name):
+    """The RUN line that lists the image's requirements, run here on pyproject.toml: every
+    dependency and the tracing extra (`--otlp-endpoint` works in the image), never torch (the
+    image installs its own build first)."""
+    program = re.search(r'RUN python -c "(.*?)" > /tmp/requirements.txt',
+                        (ROOT / name).read_text()).group(1)
+    listed = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                            text=True, check=True, timeout=60).stdout.splitlines()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [d for d in project["dependencies"] + project["optional-dependencies"]["tracing"]
+              if not d.startswith("torch") and (name == "Dockerfile.gpu" or "triton" not in d)]
+    assert listed == wanted
+    assert any(d.startswith("opentelemetry-exporter-otlp") for d in listed)
 
 
 def test_dockerignore_lets_in_only_what_the_images_copy():
