@@ -98,6 +98,7 @@ class Soak:
         self.docs = 0
         self.jobs: list[asyncio.Task] = []
         self.answered = 0
+        self.began = time.monotonic()
 
     def worker(self, name: str) -> WorkerProcess:
         return WorkerProcess(
@@ -129,6 +130,14 @@ class Soak:
                 await asyncio.sleep(down_s)
                 self.cluster.restart(victim)
             self.faults.append((victim, round(time.monotonic() - at, 1)))
+            self.progress(f"fault {len(self.faults)}: {victim} killed, back after "
+                          f"{self.faults[-1][1]} s")
+
+    def progress(self, what: str) -> None:
+        """A line per fault and per half-minute of settling (`-s` shows them): a long soak
+        says where it is."""
+        print(f"soak {time.monotonic() - self.began:7.0f} s: {what}; {self.docs} documents "
+              f"published, {self.answered} of {len(self.jobs)} jobs answered", flush=True)
 
     async def publish_docs(self, js, until: float) -> None:
         while time.monotonic() < until:
@@ -177,6 +186,7 @@ async def settle(soak: Soak, js) -> None:
     """Wait until every document has a result and every job an answer, failing only when
     nothing progressed for NO_PROGRESS_S: slow is not lost."""
     last, last_change = None, time.monotonic()
+    shown = last_change
     while True:
         results = await stream_count(js, RESULTS)
         jobs_left = sum(not t.done() for t in soak.jobs)
@@ -185,6 +195,9 @@ async def settle(soak: Soak, js) -> None:
         now = (results, soak.answered)
         if now != last:
             last, last_change = now, time.monotonic()
+        if time.monotonic() - shown >= 30:
+            soak.progress(f"settling, {results} results stored")
+            shown = time.monotonic()
         assert time.monotonic() - last_change < NO_PROGRESS_S, (
             f"nothing answered for {NO_PROGRESS_S} s: {results} of {soak.docs} results, "
             f"{jobs_left} jobs unanswered "
