@@ -40,7 +40,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -54,23 +53,17 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
+from bench.children import child_env, stop_process  # noqa: E402
+from bench.meters import BackgroundMeter, peak_rss_mib, thread_cpu_s, wait_for_quiet  # noqa: E402
+from bench.progress import log  # noqa: E402
 from bench.table import INPROCESS_KEY, NOISY_CORES, Report, Row, percentile  # noqa: E402,F401
+from bench.workload import is_short  # noqa: E402
 
 DEFAULT_CONFIGS = "inprocess,peers,c1,c16,c64,4x32"
 QUICK_TEXTS = 200
 PREFIX = "bench.pooling"
 STATS_SERVICE = "poolwire"   # the workers' NATS micro service name ($SRV.STATS.poolwire)
 DERIVED_STATS = ("mean_batch_size", "padding_waste")
-SHORT_MAX_WORDS = 30         # workload sentences have at most ~12 words, passages at least 60
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _log(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def is_short(text: str) -> bool:
-    return len(text.split()) <= SHORT_MAX_WORDS
 
 
 # ---- setups --------------------------------------------------------------------------------
@@ -127,138 +120,6 @@ def parse_configs(spec: str) -> list[str | Setup]:
 
 # ---- processes -----------------------------------------------------------------------------
 
-def _child_env(torch_threads: int | None = None) -> dict[str, str]:
-    """The environment of the worker and the in-process run: models from local folders only,
-    and the production CPU path (TRITON_INTERPRET, which the tests set, would run the pooling
-    kernels through the Triton interpreter and measure that instead)."""
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    env["HF_HUB_OFFLINE"] = "1"
-    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bar
-    if torch_threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
-
-
-def peak_rss_mib(pid: int) -> float | None:
-    """VmHWM: the process's peak resident set size."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
-
-
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of a process's main thread and of all its other threads."""
-    main = other = 0.0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return {}
-    for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue  # the thread ended meanwhile
-        fields = stat.rsplit(")", 1)[1].split()
-        seconds = (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
-        if int(tid) == pid:
-            main += seconds
-        else:
-            other += seconds
-    return {"main": main, "other": other}
-
-
-def _process_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                kids = [int(k) for k in Path(f"/proc/{parent}/task/{tid}/children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process and every live process it started (worker, nats-server)."""
-    me = os.getpid()
-    return sum(_process_cpu_s(p) for p in [me, *_descendants(me)])
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has spent busy (all processes, all cores)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / _CLK_TCK
-
-
-class BackgroundMeter:
-    """How many cores other processes kept busy while we measured: these benchmarks run on
-    shared development machines, where someone else's test run halves every number."""
-
-    def __init__(self) -> None:
-        self._start = (time.perf_counter(), machine_busy_s(), own_cpu_s())
-
-    def cores(self) -> float:
-        wall = time.perf_counter() - self._start[0]
-        others = (machine_busy_s() - self._start[1]) - (own_cpu_s() - self._start[2])
-        return max(0.0, others / wall) if wall > 0 else math.nan
-
-
-def wait_for_quiet(max_wait_s: float, threshold: float = 0.25, label: str = "") -> float:
-    """Wait (up to max_wait_s) until other processes use under `threshold` cores; returns
-    the last reading."""
-    deadline = time.monotonic() + max_wait_s
-    told = False
-    while True:
-        meter = BackgroundMeter()
-        time.sleep(0.5)
-        load = meter.cores()
-        if load < threshold or time.monotonic() >= deadline:
-            if told or load >= threshold:
-                _log(f"{label}: other processes use {load:.2f} cores; "
-                     + ("going ahead" if load < threshold else f"not quiet after {max_wait_s:.0f} s, "
-                        "measuring anyway"))
-            return load
-        if not told:
-            _log(f"{label}: other processes use {load:.2f} cores; waiting up to "
-                 f"{max_wait_s:.0f} s for the machine to be quiet")
-            told = True
-
-
-def _stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    """SIGTERM by PID (the worker drains and exits), SIGKILL if it does not."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 class WorkerProcess:
     """`python -m poolwire serve` in a process of its own, as in production."""
 
@@ -288,7 +149,7 @@ class WorkerProcess:
         self._log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file,
                                      stderr=subprocess.STDOUT,
-                                     env=_child_env(self.torch_threads))
+                                     env=child_env(self.torch_threads))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_text(errors="replace")
@@ -303,7 +164,7 @@ class WorkerProcess:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop_process(self.proc)
+            stop_process(self.proc)
             self._log_file.close()
 
 
@@ -361,10 +222,10 @@ def _inprocess_child(args: argparse.Namespace) -> int:
         batch_ms.append((now - mark[0]) * 1000.0)
         mark[0] = now
         if len(batch_ms) % max(1, n_batches // 4) == 0:
-            _log(f"{name}: {len(batch_ms)}/{n_batches} batches")
+            log(f"{name}: {len(batch_ms)}/{n_batches} batches")
 
     handle = module.register_forward_hook(hook)
-    _log(f"{name} of {len(texts)} texts, batch size {args.batch_size} "
+    log(f"{name} of {len(texts)} texts, batch size {args.batch_size} "
          f"(torch threads {torch.get_num_threads()})")
     if args.settle_s > 0:
         wait_for_quiet(args.settle_s, label=name)
@@ -405,7 +266,7 @@ def _single_text_latency(model, texts: list[str], warm: list[str], args: argpars
         model.encode([shorts[i % len(shorts)]], show_progress_bar=False)
         single_ms.append((time.perf_counter() - s) * 1000.0)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    _log(f"in-process encode([short]) x {args.latency_reps}: p50 "
+    log(f"in-process encode([short]) x {args.latency_reps}: p50 "
          f"{percentile(single_ms, 50):.2f} ms")
     return {"calls": args.latency_reps, "wall_s": wall, "latencies_ms": single_ms,
             "peak_rss_mib": peak_rss_mib(os.getpid()), "cpu_s": cpu, "background": meter.cores(),
@@ -431,13 +292,13 @@ def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
         cmd += ["--model", str(args.model or bundled_model_dir()), "--st-kwargs", peer.kwargs_json()]
     elif args.model:
         cmd += ["--model", args.model]
-    _log(f"in-process {task}{f' {peer.key}' if peer else ''}: starting its own process")
+    log(f"in-process {task}{f' {peer.key}' if peer else ''}: starting its own process")
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            env=_child_env(args.torch_threads), text=True, cwd=str(_HERE.parent))
+                            env=child_env(args.torch_threads), text=True, cwd=str(_HERE.parent))
     try:
         out, _ = proc.communicate(timeout=args.timeout_s)
     finally:
-        _stop_process(proc, timeout=10)
+        stop_process(proc, timeout=10)
     if proc.returncode != 0:
         raise RuntimeError(f"the in-process {task} run exited with {proc.returncode}")
     data = json.loads(out.strip().splitlines()[-1])
@@ -541,7 +402,7 @@ async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
         async def progress(started: float) -> None:
             while True:
                 await asyncio.sleep(3.0)
-                _log(f"{label}: {done[0]}/{len(texts)} texts, {time.perf_counter() - started:.1f} s")
+                log(f"{label}: {done[0]}/{len(texts)} texts, {time.perf_counter() - started:.1f} s")
 
         if settle_s > 0:
             await asyncio.to_thread(wait_for_quiet, settle_s, label=label)
@@ -659,11 +520,11 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
         model, worker_args = args.classifier, [*worker_args, "--task", "classify"]
     worker = WorkerProcess(url, model, worker_args, workdir / f"worker-{key}.log", profile,
                            args.torch_threads)
-    _log(f"{label}: starting a worker")
+    log(f"{label}: starting a worker")
     t0 = time.perf_counter()
     try:
         worker.start()
-        _log(f"{label}: worker ready after {time.perf_counter() - t0:.1f} s; running")
+        log(f"{label}: worker ready after {time.perf_counter() - t0:.1f} s; running")
         from bench.workload import mixed_texts
 
         result = asyncio.run(drive(url, texts, tokens, setup, timeout=args.timeout_s,
@@ -694,8 +555,8 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
         row.notes.append(f"{result.token_mismatches} replies reported other token counts than "
                          f"the tokenizer here")
     for note in row.notes:
-        _log(f"{label}: {note}")
-    _log(f"{label}: {row.texts_per_s:.1f} texts/s, p50 {row.p50_ms:.2f} ms, "
+        log(f"{label}: {note}")
+    log(f"{label}: {row.texts_per_s:.1f} texts/s, p50 {row.p50_ms:.2f} ms, "
          f"p99 {row.p99_ms:.2f} ms, peak RSS {rss or math.nan:.0f} MiB")
     return row
 
@@ -706,7 +567,7 @@ def _print_profile(path: Path, label: str, top: int = 25) -> None:
 
     buf = io.StringIO()
     pstats.Stats(str(path), stream=buf).sort_stats("tottime").print_stats(top)
-    _log(f"{label}: cProfile of the worker's event-loop thread ({path}), by own time:\n"
+    log(f"{label}: cProfile of the worker's event-loop thread ({path}), by own time:\n"
          + buf.getvalue())
 
 
@@ -849,7 +710,7 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
     # Sentence-Transformers truncates silently; poolwire refuses over-long input unless asked.
     truncate = max(tokens) >= max_len
     shorts = sum(map(is_short, texts))
-    _log(f"workload: {len(texts)} texts (seed {args.seed}), {shorts} short, {sum(tokens)} tokens, "
+    log(f"workload: {len(texts)} texts (seed {args.seed}), {shorts} short, {sum(tokens)} tokens, "
          f"longest {max(tokens)}; setups {', '.join(c if isinstance(c, str) else c.key for c in configs)}")
     report = Report(command, len(texts), args.seed, [], _machine())
     if args.profile_worker:
@@ -861,7 +722,7 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
             if "classify" in tasks:
                 from bench.classifier import build_classifier
 
-                _log("classify: building the classifier (bench/classifier.py)")
+                log("classify: building the classifier (bench/classifier.py)")
                 args.classifier = str(build_classifier(Path(tmp) / "classifier"))
             references = {}
             for config in configs:
@@ -871,7 +732,7 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
 
                     from bench.peers import openvino_has_bf16
 
-                    python = peer_python(_log)
+                    python = peer_python(log)
                     args.openvino_bf16 = openvino_has_bf16()
                     for peer in PEERS:
                         out = str(Path(tmp) / f"peer-{peer.key}.npy")
@@ -893,7 +754,7 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
                 if server is None:
                     server = NatsServer(store_dir=Path(tmp) / "nats")
                     url = server.start()
-                    _log(f"nats-server at {url}")
+                    log(f"nats-server at {url}")
                 for mode in args.modes or parse_modes(DEFAULT_MODES):
                     report.rows.append(run_poolwire(config, url, texts, tokens, truncate, args,
                                                     Path(tmp), mode, references.get(config.task)))
