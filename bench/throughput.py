@@ -53,6 +53,7 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
+from bench import machine  # noqa: E402
 from bench.children import child_env, stop_process  # noqa: E402
 from bench.meters import BackgroundMeter, peak_rss_mib, thread_cpu_s, wait_for_quiet  # noqa: E402
 from bench.progress import log  # noqa: E402
@@ -634,29 +635,6 @@ def _command_line(argv: list[str]) -> str:
     return " ".join([prog, *map(shlex.quote, argv)]).strip()
 
 
-# The CPU flags that decide which kernels the backends can use.
-_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
-          "amx_int8", "amx_tile")
-
-
-def _machine() -> str:
-    import platform
-
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and ":" in line:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and ":" in line:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    shown = [f for f in _FLAGS if f in flags]
-    bf16 = "" if {"avx512_bf16", "amx_bf16"} & flags else "; no native bfloat16"
-    return (f"{os.cpu_count()} CPU cores ({model}; flags {' '.join(shown) or 'none listed'}{bf16}), "
-            f"Python {platform.python_version()}")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -712,7 +690,7 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
     shorts = sum(map(is_short, texts))
     log(f"workload: {len(texts)} texts (seed {args.seed}), {shorts} short, {sum(tokens)} tokens, "
          f"longest {max(tokens)}; setups {', '.join(c if isinstance(c, str) else c.key for c in configs)}")
-    report = Report(command, len(texts), args.seed, [], _machine())
+    report = Report(command, len(texts), args.seed, [], machine.describe())
     if args.profile_worker:
         Path(args.profile_worker).mkdir(parents=True, exist_ok=True)
     tasks = ["embed", *({c.task for c in configs if isinstance(c, Setup)} - {"embed"})]
