@@ -81,7 +81,7 @@ def inprocess_child(args: argparse.Namespace) -> int:
 
     handle = module.register_forward_hook(hook)
     log(f"{name} of {len(texts)} texts, batch size {args.batch_size} "
-         f"(torch threads {torch.get_num_threads()})")
+        f"(torch threads {torch.get_num_threads()})")
     if args.settle_s > 0:
         wait_for_quiet(args.settle_s, label=name)
     meter = BackgroundMeter()
@@ -122,7 +122,7 @@ def single_text_latency(model, texts: list[str], warm: list[str], args: argparse
         single_ms.append((time.perf_counter() - s) * 1000.0)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     log(f"in-process encode([short]) x {args.latency_reps}: p50 "
-         f"{percentile(single_ms, 50):.2f} ms")
+        f"{percentile(single_ms, 50):.2f} ms")
     return {"calls": args.latency_reps, "wall_s": wall, "latencies_ms": single_ms,
             "peak_rss_mib": peak_rss_mib(os.getpid()), "cpu_s": cpu, "background": meter.cores(),
             "texts": [shorts[i % len(shorts)] for i in range(args.latency_reps)]}
@@ -182,4 +182,24 @@ def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
                         latency_unit="call", peer_of=rows[0].peer_of,
                         cpu_s={"inprocess": single["cpu_s"], "background": single["background"]}))
         rows[-1].mode = rows[0].mode
+    return rows
+
+
+def run_peers(args: argparse.Namespace, count_tokens, workdir: Path, reference=None) -> list[Row]:
+    """The rows of every bench/peers.py peer, each run by the peers' own interpreter; with the
+    torch float32 embeddings (`reference`), how far each peer's are from them."""
+    from bench.peers import PEERS, openvino_has_bf16, peer_python
+    from bench.precision_modes import embed_accuracy
+
+    python = peer_python(log)
+    args.openvino_bf16 = openvino_has_bf16()
+    rows: list[Row] = []
+    for peer in PEERS:
+        out = str(workdir / f"peer-{peer.key}.npy")
+        peer_rows = run_inprocess(args, count_tokens, "embed", out, peer, python)
+        if reference is not None:
+            import numpy as np
+
+            peer_rows[0].accuracy = embed_accuracy(reference, np.load(out))
+        rows += peer_rows
     return rows
