@@ -22,7 +22,7 @@ from bench.children import ROOT, child_env, stop_process
 from bench.meters import BackgroundMeter, peak_rss_mib, wait_for_quiet
 from bench.progress import log
 from bench.table import INPROCESS_KEY, Row, percentile
-from bench.workload import is_short
+from bench.workload import is_short, mixed_texts
 
 
 def inprocess_child(args: argparse.Namespace) -> int:
@@ -30,8 +30,6 @@ def inprocess_child(args: argparse.Namespace) -> int:
     embed (SentenceTransformer.encode, and encode([short]) one call at a time) or, given
     --classifier, classify (transformers directly)."""
     import torch
-
-    from bench.workload import mixed_texts
 
     texts = mixed_texts(args.texts, seed=args.seed)
     warm = mixed_texts(64, seed=args.seed + 1)
@@ -157,8 +155,6 @@ def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
     if proc.returncode != 0:
         raise RuntimeError(f"the in-process {task} run exited with {proc.returncode}")
     data = json.loads(out.strip().splitlines()[-1])
-    from bench.workload import mixed_texts
-
     texts = mixed_texts(args.texts, seed=args.seed)
     single, batch = data["single"], data["batch"]
     what = ("transformers classify" if task == "classify" else "encode")

@@ -52,8 +52,8 @@ from bench.inprocess import inprocess_child, run_inprocess, run_peers  # noqa: E
 from bench.progress import log  # noqa: E402
 from bench.setups import DEFAULT_CONFIGS, Setup, parse_configs  # noqa: E402
 from bench.table import Report  # noqa: E402
-from bench.workload import is_short  # noqa: E402
 from bench.worker import run_poolwire  # noqa: E402
+from bench.workload import is_short, mixed_texts  # noqa: E402
 
 QUICK_TEXTS = 200
 
@@ -155,7 +155,6 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
     from poolwire.models.model import bundled_model_dir, max_model_length, read_sentence_transformers_config
     from poolwire.actors.nats_server import NatsServer
     from bench.precision_modes import DEFAULT_MODES, parse_modes
-    from bench.workload import mixed_texts
 
     model_dir = Path(args.model or bundled_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)

@@ -19,6 +19,7 @@ from bench.nats_load import PREFIX, drive
 from bench.progress import log
 from bench.setups import Setup
 from bench.table import Row
+from bench.workload import mixed_texts
 
 
 class WorkerProcess:
@@ -88,8 +89,6 @@ def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], tr
     try:
         worker.start()
         log(f"{label}: worker ready after {time.perf_counter() - t0:.1f} s; running")
-        from bench.workload import mixed_texts
-
         result = asyncio.run(drive(url, texts, tokens, setup, timeout=args.timeout_s,
                                    truncate=truncate, worker_pid=worker.pid, label=label,
                                    warmup=mixed_texts(64, seed=args.seed + 1),
