@@ -44,16 +44,11 @@ if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
 import nats  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig  # noqa: E402
 
+from bench.meters import process_cpu_s  # noqa: E402
 from poolwire.actors.nats_server import NatsServer  # noqa: E402
 
 SUBJECT = "cost.embed"
 JOBS = "cost.jobs.embed"
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
 def rss_mib(pid: int) -> float:
@@ -168,9 +163,9 @@ class Rows:
 
     async def measure(self, name: str, n: int, run) -> None:
         load = machine_load()
-        before = cpu_seconds(self.pid)
+        before = process_cpu_s(self.pid)
         seconds = await run()
-        used = cpu_seconds(self.pid) - before
+        used = process_cpu_s(self.pid) - before
         self.rows.append((name, n, seconds, n / seconds, used / n * 1e6, load))
         print(f"{name}: {n / seconds:,.0f}/s", file=sys.stderr)
 

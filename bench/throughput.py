@@ -34,18 +34,11 @@ made it, the latency comparison, and where the CPU went. Numbers to compare, nev
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import math
 import os
-import re
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # Run as a script (`python bench/throughput.py`), this file's folder heads sys.path; put the
@@ -54,663 +47,16 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
-from bench.table import INPROCESS_KEY, NOISY_CORES, Report, Row, percentile  # noqa: E402,F401
+from bench import machine  # noqa: E402
+from bench.inprocess import inprocess_child, run_inprocess, run_peers  # noqa: E402
+from bench.progress import log  # noqa: E402
+from bench.setups import DEFAULT_CONFIGS, Setup, parse_configs  # noqa: E402
+from bench.table import Report  # noqa: E402
+from bench.worker import run_poolwire  # noqa: E402
+from bench.workload import is_short, mixed_texts  # noqa: E402
 
-DEFAULT_CONFIGS = "inprocess,peers,c1,c16,c64,4x32"
 QUICK_TEXTS = 200
-PREFIX = "bench.pooling"
-STATS_SERVICE = "poolwire"   # the workers' NATS micro service name ($SRV.STATS.poolwire)
-DERIVED_STATS = ("mean_batch_size", "padding_waste")
-SHORT_MAX_WORDS = 30         # workload sentences have at most ~12 words, passages at least 60
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-
-def _log(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def is_short(text: str) -> bool:
-    return len(text.split()) <= SHORT_MAX_WORDS
-
-
-# ---- setups --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Setup:
-    """One poolwire load shape: `connections` x `in_flight` requests of `per_request` texts."""
-
-    key: str
-    connections: int
-    in_flight: int            # concurrent requests per connection
-    per_request: int
-    task: str = "embed"       # the subject P.<task> and the worker's --task
-
-    @property
-    def label(self) -> str:
-        if self.task != "embed":
-            return f"poolwire {self.task}, concurrency {self.in_flight}, 1 text/request"
-        if self.connections == 1 and self.per_request == 1:
-            return f"poolwire, concurrency {self.in_flight}, 1 text/request"
-        per = "1 text" if self.per_request == 1 else f"{self.per_request} texts"
-        flight = f" x {self.in_flight} in flight" if self.in_flight > 1 else ""
-        return f"poolwire, {self.connections} clients{flight}, {per}/request"
-
-
-def parse_configs(spec: str) -> list[str | Setup]:
-    """`inprocess`, `cN` (N in flight, one text each), `KxM` (K clients, M texts each) and
-    `clsN` (classify, N in flight, one text each)."""
-    out: list[str | Setup] = []
-    for raw in spec.split(","):
-        key = raw.strip().lower()
-        if not key:
-            continue
-        if key in ("inprocess", "peers"):
-            out.append(key)
-        elif m := re.fullmatch(r"c(\d+)", key):
-            out.append(Setup(key, 1, int(m.group(1)), 1))
-        elif m := re.fullmatch(r"(\d+)x(\d+)", key):
-            out.append(Setup(key, int(m.group(1)), 1, int(m.group(2))))
-        elif m := re.fullmatch(r"cls(\d+)", key):
-            out.append(Setup(key, 1, int(m.group(1)), 1, "classify"))
-        else:
-            raise argparse.ArgumentTypeError(
-                f"unknown setup {raw!r} in --configs: use inprocess, peers, cN (N requests in flight, "
-                f"one text each), KxM (K clients, M texts per request) or clsN (classify, N "
-                f"requests in flight), e.g. {DEFAULT_CONFIGS}")
-        if isinstance(out[-1], Setup) and min(out[-1].connections, out[-1].in_flight,
-                                               out[-1].per_request) < 1:
-            raise argparse.ArgumentTypeError(f"setup {raw!r}: every count must be at least 1")
-    if not out:
-        raise argparse.ArgumentTypeError("--configs names no setup")
-    return out
-
-
-# ---- processes -----------------------------------------------------------------------------
-
-def _child_env(torch_threads: int | None = None) -> dict[str, str]:
-    """The environment of the worker and the in-process run: models from local folders only,
-    and the production CPU path (TRITON_INTERPRET, which the tests set, would run the pooling
-    kernels through the Triton interpreter and measure that instead)."""
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    env["HF_HUB_OFFLINE"] = "1"
-    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bar
-    if torch_threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
-
-
-def peak_rss_mib(pid: int) -> float | None:
-    """VmHWM: the process's peak resident set size."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
-
-
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of a process's main thread and of all its other threads."""
-    main = other = 0.0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return {}
-    for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue  # the thread ended meanwhile
-        fields = stat.rsplit(")", 1)[1].split()
-        seconds = (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
-        if int(tid) == pid:
-            main += seconds
-        else:
-            other += seconds
-    return {"main": main, "other": other}
-
-
-def _process_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                kids = [int(k) for k in Path(f"/proc/{parent}/task/{tid}/children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process and every live process it started (worker, nats-server)."""
-    me = os.getpid()
-    return sum(_process_cpu_s(p) for p in [me, *_descendants(me)])
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has spent busy (all processes, all cores)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / _CLK_TCK
-
-
-class BackgroundMeter:
-    """How many cores other processes kept busy while we measured: these benchmarks run on
-    shared development machines, where someone else's test run halves every number."""
-
-    def __init__(self) -> None:
-        self._start = (time.perf_counter(), machine_busy_s(), own_cpu_s())
-
-    def cores(self) -> float:
-        wall = time.perf_counter() - self._start[0]
-        others = (machine_busy_s() - self._start[1]) - (own_cpu_s() - self._start[2])
-        return max(0.0, others / wall) if wall > 0 else math.nan
-
-
-def wait_for_quiet(max_wait_s: float, threshold: float = 0.25, label: str = "") -> float:
-    """Wait (up to max_wait_s) until other processes use under `threshold` cores; returns
-    the last reading."""
-    deadline = time.monotonic() + max_wait_s
-    told = False
-    while True:
-        meter = BackgroundMeter()
-        time.sleep(0.5)
-        load = meter.cores()
-        if load < threshold or time.monotonic() >= deadline:
-            if told or load >= threshold:
-                _log(f"{label}: other processes use {load:.2f} cores; "
-                     + ("going ahead" if load < threshold else f"not quiet after {max_wait_s:.0f} s, "
-                        "measuring anyway"))
-            return load
-        if not told:
-            _log(f"{label}: other processes use {load:.2f} cores; waiting up to "
-                 f"{max_wait_s:.0f} s for the machine to be quiet")
-            told = True
-
-
-def _stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    """SIGTERM by PID (the worker drains and exits), SIGKILL if it does not."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-class WorkerProcess:
-    """`python -m poolwire serve` in a process of its own, as in production."""
-
-    def __init__(self, url: str, model: str | None, worker_args: list[str], log_path: Path,
-                 profile_path: Path | None = None, torch_threads: int | None = None) -> None:
-        self.url = url
-        self.torch_threads = torch_threads
-        self.model = model
-        self.worker_args = worker_args
-        self.log_path = log_path
-        self.profile_path = profile_path
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, timeout: float = 180.0) -> None:
-        cmd = [sys.executable]
-        if self.profile_path is not None:
-            cmd += ["-m", "cProfile", "-o", str(self.profile_path)]
-        cmd += ["-m", "poolwire", "serve", "--nats-url", self.url, "--prefix", PREFIX]
-        if self.model:
-            cmd += ["--model", self.model]
-        cmd += self.worker_args
-        self._log_file = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file,
-                                     stderr=subprocess.STDOUT,
-                                     env=_child_env(self.torch_threads))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.log_path.read_text(errors="replace")
-            if "configured task" in text:
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the worker exited with {self.proc.returncode} before it was "
-                                   f"ready; its log ({self.log_path}):\n{text[-3000:]}")
-            time.sleep(0.05)
-        raise TimeoutError(f"the worker did not print its 'configured task' line within "
-                           f"{timeout} s; its log: {self.log_path}")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            _stop_process(self.proc)
-            self._log_file.close()
-
-
-# ---- the in-process run (a) ----------------------------------------------------------------
-
-def _inprocess_child(args: argparse.Namespace) -> int:
-    """Runs in its own process: prints one JSON line with the in-process rows of one task:
-    embed (SentenceTransformer.encode, and encode([short]) one call at a time) or, given
-    --classifier, classify (transformers directly)."""
-    import torch
-
-    from bench.workload import mixed_texts
-
-    texts = mixed_texts(args.texts, seed=args.seed)
-    warm = mixed_texts(64, seed=args.seed + 1)
-    single = None
-    if args.classifier:
-        from bench.classifier import classifier_logits, load_classifier
-
-        tokenizer, module = load_classifier(Path(args.classifier), args.device)
-        name = "in-process classify"
-
-        def run_all(batch: list[str]):
-            return classifier_logits(tokenizer, module, batch, args.batch_size)
-    elif args.st_kwargs:  # a peer (bench/peers.py), in its own virtualenv: no poolwire there
-        from bench.peers import load_peer
-
-        module = load_peer(args.model, args.st_kwargs, args.device)
-        name = f"in-process encode ({args.st_kwargs})"
-
-        def run_all(batch: list[str]):
-            return module.encode(batch, batch_size=args.batch_size, show_progress_bar=False)
-    else:
-        from sentence_transformers import SentenceTransformer
-
-        from poolwire.models.model import bundled_model_dir
-
-        module = SentenceTransformer(str(args.model or bundled_model_dir()), device=args.device)
-        name = "in-process encode"
-
-        def run_all(batch: list[str]):
-            return module.encode(batch, batch_size=args.batch_size, show_progress_bar=False)
-    run_all(warm)
-    if not args.classifier:
-        single = _single_text_latency(module, texts, warm, args)
-
-    # One pass over the whole workload; a forward hook times each batch (end to end: the
-    # previous batch's end, or the call's start, to this batch's end).
-    batch_ms: list[float] = []
-    mark = [0.0]
-    n_batches = math.ceil(len(texts) / args.batch_size)
-
-    def hook(_module, _inp, _out):
-        now = time.perf_counter()
-        batch_ms.append((now - mark[0]) * 1000.0)
-        mark[0] = now
-        if len(batch_ms) % max(1, n_batches // 4) == 0:
-            _log(f"{name}: {len(batch_ms)}/{n_batches} batches")
-
-    handle = module.register_forward_hook(hook)
-    _log(f"{name} of {len(texts)} texts, batch size {args.batch_size} "
-         f"(torch threads {torch.get_num_threads()})")
-    if args.settle_s > 0:
-        wait_for_quiet(args.settle_s, label=name)
-    meter = BackgroundMeter()
-    cpu0 = time.process_time()
-    mark[0] = t0 = time.perf_counter()
-    outputs = run_all(texts)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    background = meter.cores()
-    handle.remove()
-    if len(outputs) != len(texts):
-        raise RuntimeError(f"{name} returned {len(outputs)} outputs for {len(texts)} texts")
-    if args.reference_out:
-        import numpy as np
-
-        np.save(args.reference_out, np.asarray(outputs, dtype=np.float32))
-    print(json.dumps({
-        "single": single,
-        "batch": {"wall_s": wall, "latencies_ms": batch_ms, "peak_rss_mib": peak_rss_mib(os.getpid()),
-                  "cpu_s": cpu, "background": background},
-        "torch_threads": torch.get_num_threads(),
-    }), flush=True)
-    return 0
-
-
-def _single_text_latency(model, texts: list[str], warm: list[str], args: argparse.Namespace) -> dict:
-    """encode([short]) repeated: the in-process floor of one short text's latency."""
-    shorts = [t for t in texts if is_short(t)] or texts
-    for t in warm[:8]:
-        model.encode([t], show_progress_bar=False)
-    single_ms = []
-    if args.settle_s > 0:
-        wait_for_quiet(args.settle_s, label="in-process encode([short])")
-    meter = BackgroundMeter()
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    for i in range(args.latency_reps):
-        s = time.perf_counter()
-        model.encode([shorts[i % len(shorts)]], show_progress_bar=False)
-        single_ms.append((time.perf_counter() - s) * 1000.0)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    _log(f"in-process encode([short]) x {args.latency_reps}: p50 "
-         f"{percentile(single_ms, 50):.2f} ms")
-    return {"calls": args.latency_reps, "wall_s": wall, "latencies_ms": single_ms,
-            "peak_rss_mib": peak_rss_mib(os.getpid()), "cpu_s": cpu, "background": meter.cores(),
-            "texts": [shorts[i % len(shorts)] for i in range(args.latency_reps)]}
-
-
-def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
-                  reference_out: str | None = None, peer=None, python: str | None = None) -> list[Row]:
-    """The in-process rows of `task`, from a child process of their own (so its peak RSS is
-    that task's model's); the child saves its outputs to `reference_out`. With `peer` (a
-    bench/peers.py Peer), that Sentence-Transformers backend, run by the peers' `python`."""
-    cmd = [python or sys.executable, "-m", "bench.throughput", "--inprocess-child", "--texts", str(args.texts),
-           "--seed", str(args.seed), "--batch-size", str(args.batch_size),
-           "--latency-reps", str(args.latency_reps), "--settle-s", str(args.settle_s),
-           "--device", args.device]
-    if reference_out:
-        cmd += ["--reference-out", reference_out]
-    if task == "classify":
-        cmd += ["--classifier", args.classifier]
-    elif peer is not None:
-        from poolwire.models.model import bundled_model_dir
-
-        cmd += ["--model", str(args.model or bundled_model_dir()), "--st-kwargs", peer.kwargs_json()]
-    elif args.model:
-        cmd += ["--model", args.model]
-    _log(f"in-process {task}{f' {peer.key}' if peer else ''}: starting its own process")
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            env=_child_env(args.torch_threads), text=True, cwd=str(_HERE.parent))
-    try:
-        out, _ = proc.communicate(timeout=args.timeout_s)
-    finally:
-        _stop_process(proc, timeout=10)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the in-process {task} run exited with {proc.returncode}")
-    data = json.loads(out.strip().splitlines()[-1])
-    from bench.workload import mixed_texts
-
-    texts = mixed_texts(args.texts, seed=args.seed)
-    single, batch = data["single"], data["batch"]
-    what = ("transformers classify" if task == "classify" else "encode")
-    key = INPROCESS_KEY[task] if peer is None else f"inprocess-{peer.key}"
-    label = (f"in-process {what}, batch size {args.batch_size}" if peer is None
-             else f"{peer.label}, batch size {args.batch_size}")
-    rows = [Row(key, label, len(texts),
-                sum(count_tokens(texts)), batch["wall_s"], batch["latencies_ms"],
-                batch["peak_rss_mib"], requests=len(batch["latencies_ms"]),
-                latency_unit=f"batch of {args.batch_size}", task=task,
-                cpu_s={"inprocess": batch["cpu_s"], "background": batch["background"]},
-                peer_of="exact" if peer is None else peer.peer_of(args.openvino_bf16))]
-    if peer is not None:
-        rows[0].mode = peer.mode
-    if single is not None:
-        rows.append(Row("inprocess-1" if peer is None else f"inprocess-1-{peer.key}",
-                        "in-process encode([short]), one call at a time" if peer is None
-                        else f"{peer.label}: encode([short]), one call at a time",
-                        single["calls"], sum(count_tokens(single["texts"])), single["wall_s"],
-                        single["latencies_ms"], single["peak_rss_mib"], requests=single["calls"],
-                        latency_unit="call", peer_of=rows[0].peer_of,
-                        cpu_s={"inprocess": single["cpu_s"], "background": single["background"]}))
-        rows[-1].mode = rows[0].mode
-    return rows
-
-
-# ---- the poolwire runs (b) -----------------------------------------------------------------
-
-@dataclass
-class LoadResult:
-    wall_s: float
-    latencies_ms: list[float]
-    short_latencies_ms: list[float]
-    errors: int
-    error_samples: list[str]
-    token_mismatches: int
-    client_cpu_s: float
-    worker_cpu_s: dict[str, float]
-    background_cores: float
-    worker_stats: dict[str, float] | None = None
-    vectors: list | None = None          # each text's embedding or logits, in workload order
-    served_precision: str | None = None  # the worker's $SRV.INFO metadata says
-
-
-def _chunks(n: int, size: int) -> list[tuple[int, int]]:
-    return [(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-async def drive(url: str, texts: list[str], tokens: list[int], setup: Setup, *,
-                timeout: float, truncate: bool, worker_pid: int | None = None,
-                label: str = "", warmup: list[str] | None = None,
-                settle_s: float = 0.0) -> LoadResult:
-    """Send every text once in the setup's shape and record each request's latency. Replies are
-    kept raw and checked after the clock stops, so the load generator's CPU (which shares the
-    machine with the worker) goes on sending and receiving only."""
-    import msgpack
-    import nats
-
-    subject = f"{PREFIX}.{setup.task}"
-    extra = {"truncate_prompt_tokens": -1} if truncate else {}
-    if setup.task == "classify":
-        extra["use_activation"] = False  # logits, what the in-process peer is compared on
-
-    def body(batch: list[str]) -> bytes:
-        return msgpack.packb({"input": batch[0] if len(batch) == 1 else batch, **extra},
-                             use_bin_type=True)
-
-    conns = [await nats.connect(url, name=f"poolwire-bench-{i}") for i in range(setup.connections)]
-    try:
-        if warmup:
-            # Both code paths (one text, many texts) and a burst, excluded from the timing.
-            await conns[0].request(subject, body(warmup[:setup.per_request]), timeout=timeout)
-            await asyncio.gather(*(c.request(subject, body([t]), timeout=timeout)
-                                   for c in conns for t in warmup[:16]))
-            for t in warmup[:4]:
-                await conns[0].request(subject, body([t]), timeout=timeout)
-
-        chunks = _chunks(len(texts), setup.per_request)
-        bodies = [body(texts[a:b]) for a, b in chunks]
-        replies: list[bytes | BaseException | None] = [None] * len(chunks)
-        latencies = [math.nan] * len(chunks)
-        next_chunk = iter(range(len(chunks)))
-        done = [0]
-
-        async def sender(nc) -> None:
-            for i in next_chunk:  # shared: each sender takes the next request to send
-                start = time.perf_counter()
-                try:
-                    msg = await nc.request(subject, bodies[i], timeout=timeout)
-                    replies[i] = msg.data
-                except Exception as exc:  # a timeout or no responders: counted, not fatal
-                    replies[i] = exc
-                latencies[i] = (time.perf_counter() - start) * 1000.0
-                done[0] += chunks[i][1] - chunks[i][0]
-
-        async def progress(started: float) -> None:
-            while True:
-                await asyncio.sleep(3.0)
-                _log(f"{label}: {done[0]}/{len(texts)} texts, {time.perf_counter() - started:.1f} s")
-
-        if settle_s > 0:
-            await asyncio.to_thread(wait_for_quiet, settle_s, label=label)
-        served = await worker_precision(conns[0]) if worker_pid else None
-        stats_before = await worker_stats(conns[0]) if worker_pid else None
-        meter = BackgroundMeter()
-        cpu_before = thread_cpu_s(worker_pid) if worker_pid else {}
-        client_cpu0 = time.process_time()
-        started = time.perf_counter()
-        reporter = asyncio.create_task(progress(started))
-        try:
-            await asyncio.gather(*(sender(c) for c in conns for _ in range(setup.in_flight)))
-        finally:
-            reporter.cancel()
-        wall = time.perf_counter() - started
-        client_cpu = time.process_time() - client_cpu0
-        cpu_after = thread_cpu_s(worker_pid) if worker_pid else {}
-        background = meter.cores()
-        stats_after = await worker_stats(conns[0]) if stats_before is not None else None
-    finally:
-        for c in conns:
-            await c.close()
-
-    errors, samples, mismatches, short_lat = 0, [], 0, []
-    vectors: list | None = [None] * len(texts)
-    for (a, b), reply, lat in zip(chunks, replies, latencies):
-        problem = None
-        if isinstance(reply, BaseException) or reply is None:
-            problem = repr(reply)
-        else:
-            frame = msgpack.unpackb(reply, raw=False)
-            if "error" in frame:
-                problem = f"{frame['error'].get('code')}: {frame['error'].get('message')}"
-            elif len(frame.get("data", [])) != b - a:
-                problem = f"{len(frame.get('data', []))} items for {b - a} texts"
-            else:
-                for item in frame["data"]:
-                    vectors[a + item["index"]] = item["data"]
-                if frame.get("usage", {}).get("prompt_tokens") != sum(tokens[a:b]):
-                    mismatches += 1
-        if problem:
-            errors += 1
-            if len(samples) < 3:
-                samples.append(problem)
-        elif b - a == 1 and is_short(texts[a]):
-            short_lat.append(lat)
-    worker_cpu = {k: cpu_after[k] - cpu_before[k] for k in cpu_after} if cpu_before else {}
-    stats = stats_delta(stats_before, stats_after) if stats_before and stats_after else None
-    return LoadResult(wall, latencies, short_lat, errors, samples, mismatches, client_cpu,
-                      worker_cpu, background, stats,
-                      vectors=None if any(v is None for v in vectors) else vectors,
-                      served_precision=served)
-
-
-async def worker_precision(nc) -> str | None:
-    """The precision the worker serves, from its $SRV.INFO metadata (None when it does not say)."""
-    try:
-        msg = await nc.request(f"$SRV.INFO.{STATS_SERVICE}", b"", timeout=1.0)
-        return (json.loads(msg.data).get("metadata") or {}).get("precision")
-    except Exception:
-        return None
-
-
-async def worker_stats(nc) -> dict[str, float] | None:
-    """The worker's own counters ($SRV.STATS of the `poolwire` micro service, summed over its
-    endpoints), flattened to {"seconds.forward": ..., "batches": ...}; None when the worker
-    does not answer (older workers expose nothing)."""
-    try:
-        msg = await nc.request(f"$SRV.STATS.{STATS_SERVICE}", b"", timeout=1.0)
-        endpoints = json.loads(msg.data).get("endpoints") or []
-    except Exception:
-        return None
-    flat: dict[str, float] = {}
-    for ep in endpoints:
-        items = {"num_requests": ep.get("num_requests"), "num_errors": ep.get("num_errors"),
-                 "processing_time_s": (ep.get("processing_time") or 0) / 1e9,  # nanoseconds
-                 **_flatten(ep.get("data") or {})}
-        for k, v in items.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                flat[k] = flat.get(k, 0) + v
-    return flat
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def stats_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Counters of the measured phase alone (warm-up excluded); ratios recomputed."""
-    delta = {k: after[k] - before[k] for k in after if k in before and k not in DERIVED_STATS}
-    if delta.get("batches"):
-        delta["mean_batch_size"] = delta.get("sequences", 0) / delta["batches"]
-    if delta.get("padded_tokens"):
-        delta["padding_waste"] = 1 - delta.get("real_tokens", 0) / delta["padded_tokens"]
-    return delta
-
-
-def run_poolwire(setup: Setup, url: str, texts: list[str], tokens: list[int], truncate: bool,
-                 args: argparse.Namespace, workdir: Path, mode: str = "exact",
-                 reference=None) -> Row:
-    from bench.precision_modes import ACCURACY, MODE_ARGS
-
-    key = setup.key if mode == "exact" else f"{setup.key}-{mode}"
-    label = setup.label if mode == "exact" else f"{setup.label}, {mode}"
-    profile = Path(args.profile_worker) / f"worker-{key}.prof" if args.profile_worker else None
-    worker_args = ["--device", args.device, *MODE_ARGS[mode], *shlex.split(args.worker_args or "")]
-    model = args.model
-    if setup.task == "classify":
-        model, worker_args = args.classifier, [*worker_args, "--task", "classify"]
-    worker = WorkerProcess(url, model, worker_args, workdir / f"worker-{key}.log", profile,
-                           args.torch_threads)
-    _log(f"{label}: starting a worker")
-    t0 = time.perf_counter()
-    try:
-        worker.start()
-        _log(f"{label}: worker ready after {time.perf_counter() - t0:.1f} s; running")
-        from bench.workload import mixed_texts
-
-        result = asyncio.run(drive(url, texts, tokens, setup, timeout=args.timeout_s,
-                                   truncate=truncate, worker_pid=worker.pid, label=label,
-                                   warmup=mixed_texts(64, seed=args.seed + 1),
-                                   settle_s=args.settle_s))
-        rss = peak_rss_mib(worker.pid)
-    finally:
-        worker.stop()
-    if profile is not None and profile.exists():
-        _print_profile(profile, label)
-    row = Row(key, label, len(texts), sum(tokens), result.wall_s, result.latencies_ms,
-              rss, requests=len(result.latencies_ms), errors=result.errors,
-              worker_stats=result.worker_stats or {},
-              short_latencies_ms=result.short_latencies_ms, task=setup.task,
-              cpu_s={"worker_main": result.worker_cpu_s.get("main", math.nan),
-                     "worker_other": result.worker_cpu_s.get("other", math.nan),
-                     "client": result.client_cpu_s, "background": result.background_cores})
-    served = result.served_precision
-    expected = "fast" if mode == "fast" else "exact"
-    row.mode = mode if served in (None, expected) else f"{mode} -> {served}"
-    if reference is not None and result.vectors is not None:
-        row.accuracy = ACCURACY[setup.task](reference, result.vectors)
-    if result.errors:
-        row.notes.append(f"{result.errors} of {row.requests} requests failed, e.g. "
-                         + "; ".join(result.error_samples))
-    if result.token_mismatches:
-        row.notes.append(f"{result.token_mismatches} replies reported other token counts than "
-                         f"the tokenizer here")
-    for note in row.notes:
-        _log(f"{label}: {note}")
-    _log(f"{label}: {row.texts_per_s:.1f} texts/s, p50 {row.p50_ms:.2f} ms, "
-         f"p99 {row.p99_ms:.2f} ms, peak RSS {rss or math.nan:.0f} MiB")
-    return row
-
-
-def _print_profile(path: Path, label: str, top: int = 25) -> None:
-    import io
-    import pstats
-
-    buf = io.StringIO()
-    pstats.Stats(str(path), stream=buf).sort_stats("tottime").print_stats(top)
-    _log(f"{label}: cProfile of the worker's event-loop thread ({path}), by own time:\n"
-         + buf.getvalue())
-
-
-# ---- entry point ---------------------------------------------------------------------------
 
 def _parse_modes(spec: str) -> list[str]:
     from bench.precision_modes import parse_modes
@@ -773,29 +119,6 @@ def _command_line(argv: list[str]) -> str:
     return " ".join([prog, *map(shlex.quote, argv)]).strip()
 
 
-# The CPU flags that decide which kernels the backends can use.
-_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
-          "amx_int8", "amx_tile")
-
-
-def _machine() -> str:
-    import platform
-
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and ":" in line:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and ":" in line:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    shown = [f for f in _FLAGS if f in flags]
-    bf16 = "" if {"avx512_bf16", "amx_bf16"} & flags else "; no native bfloat16"
-    return (f"{os.cpu_count()} CPU cores ({model}; flags {' '.join(shown) or 'none listed'}{bf16}), "
-            f"Python {platform.python_version()}")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -811,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.settle_s is None:
         args.settle_s = 10.0 if args.quick else 60.0
     if args.inprocess_child:
-        return _inprocess_child(args)
+        return inprocess_child(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     configs = args.configs or parse_configs(DEFAULT_CONFIGS)
     classify = [c.key for c in configs if isinstance(c, Setup) and c.task == "classify"]
@@ -832,7 +155,6 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
     from poolwire.models.model import bundled_model_dir, max_model_length, read_sentence_transformers_config
     from poolwire.actors.nats_server import NatsServer
     from bench.precision_modes import DEFAULT_MODES, parse_modes
-    from bench.workload import mixed_texts
 
     model_dir = Path(args.model or bundled_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -849,9 +171,9 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
     # Sentence-Transformers truncates silently; poolwire refuses over-long input unless asked.
     truncate = max(tokens) >= max_len
     shorts = sum(map(is_short, texts))
-    _log(f"workload: {len(texts)} texts (seed {args.seed}), {shorts} short, {sum(tokens)} tokens, "
-         f"longest {max(tokens)}; setups {', '.join(c if isinstance(c, str) else c.key for c in configs)}")
-    report = Report(command, len(texts), args.seed, [], _machine())
+    log(f"workload: {len(texts)} texts (seed {args.seed}), {shorts} short, {sum(tokens)} tokens, "
+        f"longest {max(tokens)}; setups {', '.join(c if isinstance(c, str) else c.key for c in configs)}")
+    report = Report(command, len(texts), args.seed, [], machine.describe())
     if args.profile_worker:
         Path(args.profile_worker).mkdir(parents=True, exist_ok=True)
     tasks = ["embed", *({c.task for c in configs if isinstance(c, Setup)} - {"embed"})]
@@ -861,26 +183,12 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
             if "classify" in tasks:
                 from bench.classifier import build_classifier
 
-                _log("classify: building the classifier (bench/classifier.py)")
+                log("classify: building the classifier (bench/classifier.py)")
                 args.classifier = str(build_classifier(Path(tmp) / "classifier"))
             references = {}
             for config in configs:
                 if config == "peers":
-                    from bench.peers import PEERS, peer_python
-                    from bench.precision_modes import embed_accuracy
-
-                    from bench.peers import openvino_has_bf16
-
-                    python = peer_python(_log)
-                    args.openvino_bf16 = openvino_has_bf16()
-                    for peer in PEERS:
-                        out = str(Path(tmp) / f"peer-{peer.key}.npy")
-                        rows = run_inprocess(args, count_tokens, "embed", out, peer, python)
-                        if "embed" in references:
-                            import numpy as np
-
-                            rows[0].accuracy = embed_accuracy(references["embed"], np.load(out))
-                        report.rows.extend(rows)
+                    report.rows.extend(run_peers(args, count_tokens, Path(tmp), references.get("embed")))
                     continue
                 if config == "inprocess":
                     import numpy as np
@@ -893,7 +201,7 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
                 if server is None:
                     server = NatsServer(store_dir=Path(tmp) / "nats")
                     url = server.start()
-                    _log(f"nats-server at {url}")
+                    log(f"nats-server at {url}")
                 for mode in args.modes or parse_modes(DEFAULT_MODES):
                     report.rows.append(run_poolwire(config, url, texts, tokens, truncate, args,
                                                     Path(tmp), mode, references.get(config.task)))

@@ -33,3 +33,11 @@ def mixed_texts(n: int, seed: int = 0, short_share: float = 0.7) -> list[str]:
     """70% short sentences, 30% passages of 60-200 words, the same for a given seed."""
     rng = random.Random(seed)
     return [sentence(rng) if rng.random() < short_share else passage(rng) for _ in range(n)]
+
+
+SHORT_MAX_WORDS = 30  # the sentences above have at most ~12 words, passages at least 60
+
+
+def is_short(text: str) -> bool:
+    """A sentence, not a passage: the texts whose latency is one short text's."""
+    return len(text.split()) <= SHORT_MAX_WORDS

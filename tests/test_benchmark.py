@@ -1,4 +1,4 @@
-"""Smoke test of the throughput benchmark's harness (actors/benchmark.py) on a tiny workload:
+"""Smoke test of the throughput benchmark's harness (bench/throughput.py) on a tiny workload:
 every request answered, the report has its rows and columns, and every number is finite. It
 never asserts on speed: benchmarks print numbers, tests check that they were measured."""
 
@@ -12,8 +12,8 @@ from bench import throughput as benchmark
 import numpy as np
 
 from bench.precision_modes import accuracy_cells, classify_accuracy, embed_accuracy, parse_modes
+from bench.setups import Setup, parse_configs
 from bench.table import Report, Row, percentile
-from bench.throughput import Setup, parse_configs
 from poolwire.models.precision import cpu_has_bf16
 
 COLUMNS = ("| setup | mode | texts/s | tokens/s | p50 ms | p99 ms | peak RSS MiB | vs in-process "
