@@ -36,14 +36,12 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
+from bench.progress import log  # noqa: E402 - after the path fix, when run as a script
+
 QUERY = "which team repairs the broken clock before dawn?"
 PREFIX = "bench.rerank"
 SEED = 4321
 COLUMNS = ("setup", "documents", "p50 ms", "min ms", "documents/s", "vs CrossEncoder.rank")
-
-
-def _log(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 def build_cross_encoder(dest: Path) -> Path:
@@ -137,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     worker_options = {"max_batch_tokens": args.max_batch_tokens} if args.max_batch_tokens else {}
     with tempfile.TemporaryDirectory(prefix="poolwire-rerank-") as tmp:
         folder = args.model or build_cross_encoder(Path(tmp) / "cross-encoder")
-        _log(f"CrossEncoder.rank in-process and poolwire rerank over NATS, alternating: "
+        log(f"CrossEncoder.rank in-process and poolwire rerank over NATS, alternating: "
              f"{args.documents} documents x {args.reps} each")
         peer_s, peer_ranking, ours_s, ours_ranking = asyncio.run(run_both(
             folder, docs, args.reps, args.warmup, args.batch_size, worker_options))

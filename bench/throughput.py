@@ -115,7 +115,7 @@ def _command_line(argv: list[str]) -> str:
     elif invoked == "throughput.py":
         prog = ".venv/bin/python bench/throughput.py"
     else:
-        prog = ".venv/bin/python -m actors.benchmark"
+        prog = ".venv/bin/python bench/throughput.py"  # called from another program (the tests)
     return " ".join([prog, *map(shlex.quote, argv)]).strip()
 
 
