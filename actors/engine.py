@@ -20,7 +20,7 @@ from poolwire.actors.metrics import WorkerMetrics
 from poolwire.models.model import LoadedModel
 from poolwire.actors.replier import Replier
 from poolwire.actors.reply_size import check_reply_fits, reply_room
-from poolwire.actors.runtime import Actor
+from poolwire.actors.runtime import Actor, MailboxFull
 from poolwire.actors.stats import StageStats
 from poolwire.actors.tracing import OFF, Tracing, trace_of
 from poolwire.models.assembly import assemble_items, sequence_value
@@ -46,6 +46,14 @@ class EngineLimits:
     max_added_padding: int = 16      # padding tokens an item may add to join a batch
     max_queued_tokens: int = 262144  # admission bound; past it requests get `overloaded`
     max_embed_len: int | None = None  # chunked processing of embed inputs up to this many tokens
+
+
+@dataclass(frozen=True)
+class _Looked:
+    """A job back from its result cache lookup, which ran beside the mailbox."""
+
+    job: Job
+    cached: object  # the cache's Lookup, or None: compute it all
 
 
 @dataclass(eq=False)
@@ -104,13 +112,15 @@ class EngineActor(Actor):
         self._last_arrival = 0.0
         self._arrival_gap_s = float("inf")  # moving average of the gap between arrivals
         self._inflight: set[InFlight] = set()
+        self._looking = 0                   # jobs whose result cache lookup is under way
+        self._lookups: set[asyncio.Task] = set()
         # One thread owns the forward pass: the model is never used from two threads at once.
         self._forward_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-forward")
         self._tokens_per_s = 0.0  # drain rate, for `retry_after_ms`
 
     @property
     def backlog(self) -> int:
-        return super().backlog + len(self._inflight)
+        return super().backlog + len(self._inflight) + self._looking
 
     @property
     def queued_items(self) -> int:
@@ -121,16 +131,58 @@ class EngineActor(Actor):
     def queued_tokens(self) -> int:
         return self._planner.queued_tokens
 
-    async def receive(self, job: Job) -> None:
-        trace = trace_of(job)
+    async def receive(self, message: "Job | _Looked") -> None:
+        if isinstance(message, _Looked):
+            await self._take(message.job, message.cached)
+            return
+        job = message
         try:
             # payload_too_large before any work (sequence-level items: from the request alone;
             # token-level ones: once tokenized, their size being their token count).
             check_reply_fits(job, None, self.model, self._replier.max_payload)
-            cached = None
-            if self._cache is not None:
-                with trace.stage("cache lookup"):
+        except PoolingError as err:
+            await self._refuse(job, err)
+            return
+        if self._cache is None:
+            await self._take(job, None)
+        else:
+            self._look_up(job)
+
+    def _look_up(self, job: Job) -> None:
+        """A lookup is a round trip to the bucket (up to the cache's LOOKUP_TIMEOUT_S when its
+        server is busy). Awaited here it held up every request behind it, hits and cache-less
+        alike; so it runs beside the mailbox, and the job comes back to it, as `_Looked`, with
+        what the cache had."""
+        self._looking += 1
+        task = asyncio.create_task(self._lookup_then_return(job), name="poolwire-cache-lookup")
+        self._lookups.add(task)
+        task.add_done_callback(self._lookups.discard)
+
+    async def _lookup_then_return(self, job: Job) -> None:
+        try:
+            try:
+                with trace_of(job).stage("cache lookup"):
                     cached = await self._cache.lookup(job.task, job.request)
+            except Exception:  # the cache never fails a request: computed as if missed
+                log.exception("the result cache lookup of %s failed; computing it", job.request_id)
+                cached = None
+            try:
+                self.tell(_Looked(job, cached))
+            except MailboxFull:
+                await self._refuse(job, PoolingError(
+                    ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later or add "
+                                          "workers", retry_after_ms=100))
+        finally:
+            self._looking -= 1  # after the tell: the backlog never reads 0 in between
+
+    async def _refuse(self, job: Job, err: PoolingError) -> None:
+        await self._replier.send_error(job.reply, job.request_id, err, job.fmt, job.headers)
+        trace_of(job).end(err.code)
+
+    async def _take(self, job: Job, cached) -> None:
+        """Plan, admit and queue a job, `cached` being its result cache lookup (or None)."""
+        trace = trace_of(job)
+        try:
             if cached is not None and cached.request is None:
                 plan = cached.plan(None)  # every item hit: nothing to tokenize or compute
             else:
@@ -145,8 +197,7 @@ class EngineActor(Actor):
             check_reply_fits(job, plan, self.model, self._replier.max_payload)
             self._admit(plan)
         except PoolingError as err:
-            await self._replier.send_error(job.reply, job.request_id, err, job.fmt, job.headers)
-            trace.end(err.code)
+            await self._refuse(job, err)
             return
         trace.set(items=len(cached.keys) if cached else plan.n_items, tokens=plan.prompt_tokens)
         if plan.sequences:
@@ -203,7 +254,8 @@ class EngineActor(Actor):
                                f"{self.limits.max_queued_tokens}); retry later or add workers",
                                retry_after_ms=max(1, int(1000 * queued / rate)))
 
-    async def on_failure(self, job: Job, exc: BaseException) -> None:
+    async def on_failure(self, message: "Job | _Looked", exc: BaseException) -> None:
+        job = message.job if isinstance(message, _Looked) else message
         await self._replier.send_error(job.reply, job.request_id,
                                        PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
                                        job.fmt, job.headers)
@@ -409,6 +461,9 @@ class EngineActor(Actor):
             await self._replier.send(job.reply, body, job.headers)
 
     async def close(self) -> None:
+        for task in list(self._lookups):
+            task.cancel()
+        await asyncio.gather(*self._lookups, return_exceptions=True)
         if self._last_delivery is not None:
             self._last_delivery.cancel()
             await asyncio.gather(self._last_delivery, return_exceptions=True)

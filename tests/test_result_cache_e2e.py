@@ -3,6 +3,7 @@ forward pass and with the computed numbers, per-item hits and misses, keys that 
 options and the model, two workers sharing a bucket, and a bucket deleted or JetStream gone
 mid-run without a single error reply."""
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -88,6 +89,32 @@ async def test_a_repeated_request_is_served_from_the_cache_without_a_forward_pas
         metrics = worker.metrics.registry.get_sample_value
         assert metrics("poolwire_cache_hits_total") == data_of(worker)["cache"]["hits"]
         assert metrics("poolwire_cache_bytes_written_total") > 0
+
+
+async def test_a_slow_lookup_holds_up_only_its_own_request(minilm, start_worker, nc, prefix, bucket):
+    """The bucket is a round trip away, and a busy server makes it slow: a request whose lookup
+    has not come back must not hold up the requests behind it. Here the lookup of the request
+    "slow" waits until the test lets it go; a request sent after it is answered meanwhile."""
+    async with start_worker(minilm, cache_bucket=bucket) as worker:
+        held, gate = asyncio.Event(), asyncio.Event()
+        lookup = worker.cache.lookup
+
+        async def gated_lookup(task, request):
+            if request.request_id == "slow":
+                held.set()
+                await gate.wait()
+            return await lookup(task, request)
+
+        worker.cache.lookup = gated_lookup
+        slow = asyncio.create_task(ask(nc, prefix, {"input": ["slow one", "slow two"],
+                                                    "request_id": "slow"}))
+        await asyncio.wait_for(held.wait(), 30)
+        fast = await ask(nc, prefix, {"input": ["fast"], "request_id": "fast"})
+        assert fast["request_id"] == "fast" and not slow.done()
+        gate.set()
+        slow_reply = await slow
+        assert slow_reply["request_id"] == "slow" and len(slow_reply["data"]) == 2
+        assert data_of(worker)["cache"]["misses"] == 3
 
 
 async def stream_frames(nc, prefix: str, body: dict) -> list:
