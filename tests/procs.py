@@ -102,29 +102,19 @@ class NatsCluster:
         routes = free_ports(len(self.names))
         route_list = ", ".join(f"nats-route://127.0.0.1:{p}" for p in routes)
         for name, route in zip(self.names, routes):
-            conf = self.root / f"{name}.conf"
-            conf.write_text(
+            (self.root / f"{name}.conf").write_text(
                 f'server_name: {name}\nlisten: "127.0.0.1:-1"\n'
                 f'jetstream {{ store_dir: "{self.root / name}" }}\n'
                 f'cluster {{ name: C1, listen: "127.0.0.1:{route}", routes: [ {route_list} ] }}\n')
-            ports_dir = self.root / f"ports-{name}"
-            ports_dir.mkdir()
-            self.procs[name] = subprocess.Popen(
-                [nats_server_binary(), "-c", str(conf), "--ports_file_dir", str(ports_dir),
-                 "-l", str(self.root / f"{name}.log")],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
+            (self.root / f"ports-{name}").mkdir()
+            self._spawn(name)
         deadline = time.monotonic() + timeout
         for name in self.names:
-            ports_file = self.root / f"ports-{name}" / f"nats-server_{self.procs[name].pid}.ports"
-            while name not in self.urls:
-                if time.monotonic() > deadline or self.procs[name].poll() is not None:
-                    self.stop()
-                    raise RuntimeError(f"node {name} did not start: {self.log(name)}")
-                try:
-                    self.urls[name] = json.loads(ports_file.read_text())["nats"][0]
-                except (FileNotFoundError, json.JSONDecodeError, KeyError, IndexError):
-                    time.sleep(0.01)  # written within ~20 ms (NATS.md section 2)
+            try:
+                self.urls[name] = self._client_url(name, deadline)
+            except RuntimeError:
+                self.stop()
+                raise
         return self
 
     def restart(self, name: str, timeout: float = 15.0) -> None:
@@ -135,18 +125,27 @@ class NatsCluster:
         conf = self.root / f"{name}.conf"
         conf.write_text(conf.read_text().replace('listen: "127.0.0.1:-1"',
                                                  f'listen: "127.0.0.1:{port}"'))
-        ports_dir = self.root / f"ports-{name}"
+        self._spawn(name)
+        self._client_url(name, time.monotonic() + timeout)
+
+    def _spawn(self, name: str) -> None:
         self.procs[name] = subprocess.Popen(
-            [nats_server_binary(), "-c", str(conf), "--ports_file_dir", str(ports_dir),
-             "-l", str(self.root / f"{name}.log")],
+            [nats_server_binary(), "-c", str(self.root / f"{name}.conf"), "--ports_file_dir",
+             str(self.root / f"ports-{name}"), "-l", str(self.root / f"{name}.log")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
-        ports_file = ports_dir / f"nats-server_{self.procs[name].pid}.ports"
-        deadline = time.monotonic() + timeout
-        while not ports_file.exists():
+
+    def _client_url(self, name: str, deadline: float) -> str:
+        """The node's client URL from the ports file it writes once listening. No event says
+        so; it is written within ~20 ms (NATS.md section 2), hence the short polls."""
+        ports_file = self.root / f"ports-{name}" / f"nats-server_{self.procs[name].pid}.ports"
+        while True:
             if time.monotonic() > deadline or self.procs[name].poll() is not None:
-                raise RuntimeError(f"node {name} did not restart: {self.log(name)}")
-            time.sleep(0.01)
+                raise RuntimeError(f"node {name} did not start: {self.log(name)}")
+            try:
+                return json.loads(ports_file.read_text())["nats"][0]
+            except (FileNotFoundError, json.JSONDecodeError, KeyError, IndexError):
+                time.sleep(0.01)
 
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"
