@@ -106,7 +106,7 @@ async def ensure_failures_bucket(js, prefix: str, replicas: int):
     try:
         return await js.key_value(bucket)
     except BucketNotFoundError:
-        pass
+        pass  # none yet: created below
     try:
         return await js.create_key_value(KeyValueConfig(
             bucket=bucket, history=1, ttl=FAILURES_MAX_AGE_S, storage=StorageType.FILE,
@@ -508,15 +508,16 @@ class JetStreamIntake(Actor):
         Draining, there is no next fetch: unsubscribing would drop them, and they would wait
         out ack_wait unseen (a drain in CI once left 32 jobs unanswered for over 90 s, and this
         is how a drain can). So read the queue until the last request has expired, and hand
-        each message back (`_take` naks it while stopping). nats-py has no public way to read that queue without sending a new
-        pull request (fetch always sends one), hence its subscription's own `next_msg`."""
-        queue = self._psub._sub
+        each message back (`_take` naks it while stopping). nats-py has no public way to read
+        that queue without sending a new pull request (fetch always sends one), hence its
+        subscription's own `next_msg`."""
+        sub = self._psub._sub
         while True:
             left = self._pull_expires + LATE_DELIVERY_MARGIN_S - time.monotonic()
             if left <= 0 and self._psub.pending_msgs == 0:
                 return
             try:
-                msg = await queue.next_msg(timeout=max(left, 0.01))
+                msg = await sub.next_msg(timeout=max(left, 0.01))
             except asyncio.TimeoutError:  # nats.errors.TimeoutError is one
                 continue
             except Exception as exc:  # the connection is closing: they come back after ack_wait

@@ -19,7 +19,7 @@ def describe() -> str:
             elif line.startswith("flags") and ":" in line:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
-        pass
+        pass  # no /proc (not Linux): the model as platform names it, no flags
     shown = [f for f in FLAGS if f in flags]
     bf16 = "" if {"avx512_bf16", "amx_bf16"} & flags else "; no native bfloat16"
     return (f"{os.cpu_count()} CPU cores ({model}; flags {' '.join(shown) or 'none listed'}{bf16}), "
