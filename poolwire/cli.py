@@ -237,9 +237,11 @@ async def serve(settings: WorkerSettings) -> int:
             print("poolwire: draining...", flush=True)
     finally:
         signalled.cancel()
-        await worker.stop(drain_timeout)
-        if server is not None:
-            server.stop()
+        try:
+            await worker.stop(drain_timeout)
+        finally:  # the embedded server is ours: it goes whatever the drain did
+            if server is not None:
+                server.stop()
     print("poolwire: stopped", flush=True)
     return code
 
