@@ -73,7 +73,8 @@ class PoolingModel:
     def __init__(self, model, *, pooler_config: PoolerConfig = PoolerConfig(), device: str = "auto",
                  backend: str = "auto", precision: str = "exact", dtype: str = "float32",
                  max_batch_tokens: int = 8192, max_batch_size: int = 64,
-                 max_added_padding: int = 16, state_dir: str | Path = ".poolwire") -> None:
+                 max_added_padding: int = 16, state_dir: str | Path = ".poolwire",
+                 reranker: str | None = None) -> None:
         from poolwire.actors.task_policy import TaskConfigError
         from poolwire.actors.validator import ModelLimits
         from poolwire.actors.worker import task_policy_for
@@ -87,7 +88,7 @@ class PoolingModel:
         if precision not in ("exact", "fast"):
             raise ValueError(f"precision {precision!r} is not one of exact, fast")
         self.pooler_config = pooler_config
-        self.model = load_model(model, None, device, dtype)
+        self.model = load_model(model, None, device, dtype, reranker)
         # The worker's own start-up rule (priority rule, --task checks) on PoolerConfig's fields.
         try:
             self.policy = task_policy_for(self.model, pooler_config)
