@@ -16,6 +16,7 @@ import torch
 
 from poolwire.models.model_source import LOCAL_REVISION, resolve_model_source
 from poolwire.models.per_token_head import TokenHead, per_token_head
+from poolwire.models.remote_code import check_remote_code
 from poolwire.models.sparse import SpladeConfig  # noqa: F401 (the `sparse` field's type)
 from poolwire.models.st_folder import (SentenceTransformersConfig,  # noqa: F401 (re-exported)
                                        read_sentence_transformers_config)
@@ -140,6 +141,7 @@ class LoadedModel:
     # (models/token_logits.py); its answer tokens are folded into token_head.
     prompt_template: PromptTemplate | None = None
     answer_tokens: tuple[int, ...] = ()  # (true,) or (true, false) token ids, where folded
+    remote_code: tuple[str, ...] = ()   # the folder's own Python files run (--trust-remote-code)
     # Forward-pass costs measured in this process, by precision (actors/batch_cost.py).
     batch_costs: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -240,10 +242,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
-               dtype: str = "float32", reranker: str | RerankerOption | None = None) -> LoadedModel:
+               dtype: str = "float32", trust_remote_code: bool = False,
+               reranker: str | RerankerOption | None = None) -> LoadedModel:
     """Load a model from a local folder, or a hub id through the Hugging Face cache, onto
-    `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16).
-    `reranker`: the `--reranker` option of a reranker that scores with token logits."""
+    `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16). A folder
+    that names its own code (auto_map) loads only with `trust_remote_code`, else
+    RemoteCodeRefusedError (models/remote_code.py); transformers is told either way, so it
+    never asks on standard input. `reranker`: the `--reranker` option of a reranker that scores
+    with token logits (models/token_logits.py)."""
     from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM,
                               AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
@@ -252,7 +258,9 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     source = resolve_model_source(folder)
     path = source.path
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    trust = bool(trust_remote_code)
+    remote_code = check_remote_code(path, trust)
+    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     architecture = (config.architectures or [type(config).__name__])[0]
     st = read_sentence_transformers_config(path) or SentenceTransformersConfig()
     kind = ModelKind.SPARSE if st.splade is not None else kind_of_architecture(architecture)
@@ -262,14 +270,16 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         refuse_unsaid_decoder(architecture, kind, st, is_decoder_only(config))
     else:
         return _load_token_logit_reranker(path, source, config, architecture, st, option,
-                                          logit_score, name, resolve_device(device), dtype)
+                                          logit_score, name, resolve_device(device), dtype,
+                                          trust, remote_code)
     loader = {ModelKind.ENCODER: AutoModel,
               ModelKind.SEQUENCE_CLASSIFICATION: AutoModelForSequenceClassification,
               ModelKind.TOKEN_CLASSIFICATION: AutoModelForTokenClassification,
               ModelKind.SPARSE: AutoModelForMaskedLM}[kind]
     target = resolve_device(device)
-    module = loader.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype]).eval().to(target)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    module = loader.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype],
+                                    trust_remote_code=trust).eval().to(target)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     max_len = max_model_length(st.max_seq_length, getattr(tokenizer, "model_max_length", None),
                                getattr(config, "max_position_embeddings", None))
     id2label = {int(k): v for k, v in (config.id2label or {}).items()} if kind != ModelKind.ENCODER else {}
@@ -299,7 +309,7 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         token_head=per_token_head(module) if kind == ModelKind.SEQUENCE_CLASSIFICATION else None,
         takes_token_types="token_type_ids" in inspect.signature(module.forward).parameters,
         decoder=is_decoder_only(config),
-        sparse=st.splade, late_interaction=st.late_interaction,
+        sparse=st.splade, late_interaction=st.late_interaction, remote_code=remote_code,
     )
     log.info("loaded %s (%s, %s) from %s, revision %s, on %s (%s): max length %d, pooling %s, "
              "dense %s, normalize %s, embedding size %d", model.name, architecture, kind, path,
@@ -311,7 +321,8 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
 def _load_token_logit_reranker(path: Path, source, config, architecture: str,
                                st: SentenceTransformersConfig, option: RerankerOption | None,
                                logit_score: tuple[int, int | None] | None, name: str | None,
-                               target: torch.device, dtype: str) -> LoadedModel:
+                               target: torch.device, dtype: str, trust: bool,
+                               remote_code: tuple[str, ...]) -> LoadedModel:
     """A reranker scoring with token logits (models/token_logits.py), as a one-label
     classifier: the decoder, its answer tokens' LM-head rows folded into one Linear head, and
     its prompt template. `--reranker` wins over the folder where both say something (the
@@ -319,7 +330,7 @@ def _load_token_logit_reranker(path: Path, source, config, architecture: str,
     needs only the template."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     if option is not None:
         template, kwargs, source_name = template_text(option.template), {}, option.template
     else:
@@ -339,7 +350,7 @@ def _load_token_logit_reranker(path: Path, source, config, architecture: str,
                          f"*ForSequenceClassification conversion; this folder is {architecture}")
     if converted:
         module = AutoModelForSequenceClassification.from_pretrained(
-            path, local_files_only=True, dtype=DTYPES[dtype]).eval().to(target)
+            path, local_files_only=True, dtype=DTYPES[dtype], trust_remote_code=trust).eval().to(target)
         head, answer = per_token_head(module), ()
     else:
         if option is not None:
@@ -357,7 +368,7 @@ def _load_token_logit_reranker(path: Path, source, config, architecture: str,
             raise ValueError(f"{architecture} soft-caps its logits (final_logit_softcapping); "
                              f"poolwire cannot fold its answer tokens into one head")
         module = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=DTYPES[dtype]).eval().to(target)
+            path, local_files_only=True, dtype=DTYPES[dtype], trust_remote_code=trust).eval().to(target)
         head = answer_head(module.get_output_embeddings(), true_id, false_id)
         # The vocabulary-wide LM head is never computed: drop it (and its memory, when untied).
         module.set_output_embeddings(head)
@@ -373,7 +384,7 @@ def _load_token_logit_reranker(path: Path, source, config, architecture: str,
         revision=source.revision, token_head=head,
         takes_token_types="token_type_ids" in inspect.signature(module.forward).parameters,
         decoder=True, prompt_template=PromptTemplate(tokenizer, template, kwargs, source_name),
-        answer_tokens=answer)
+        answer_tokens=answer, remote_code=remote_code)
     log.info("loaded %s (%s) from %s, revision %s, on %s (%s): a reranker scoring with token "
              "logits %s, template %s, max length %d, activation %s", model.name, architecture,
              path, model.revision, target, dtype, answer or "(the folder's head)", source_name,
