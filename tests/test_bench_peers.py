@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import llama_peer
-from bench.fastembed_peer import max_seq_length
+from bench.fastembed_peer import max_seq_length, set_truncation
 from bench.llama_peer import LlamaServer, chunk, embed_all, llama_row, parse_embeddings, server_command
 from bench.peers import PEERS, parity_verdict
 from bench.setups import Setup
@@ -110,6 +110,12 @@ def test_fastembed_export_truncates_where_sentence_transformers_does(tmp_path):
     assert max_seq_length(tmp_path) is None
     (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 256}')
     assert max_seq_length(tmp_path) == 256
+    # What transformers saves for MiniLM: fastembed cuts at the smaller of the two keys.
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"model_max_length": 512, "max_length": 128, "pad_token": "[PAD]"}')
+    set_truncation(tmp_path, 256)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config == {"model_max_length": 256, "max_length": 256, "pad_token": "[PAD]"}
 
 
 def test_the_run_goes_on_when_the_peers_cannot_be_set_up(monkeypatch, tmp_path):
