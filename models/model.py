@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from poolwire.models.adapters import Adapters, adapters_of, attach_adapters
+from poolwire.models.m3 import M3Heads, read_m3_heads
 from poolwire.models.model_source import LOCAL_REVISION, resolve_model_source
 from poolwire.models.per_token_head import TokenHead, per_token_head
 from poolwire.models.sparse import SpladeConfig  # noqa: F401 (the `sparse` field's type)
@@ -115,6 +117,8 @@ class LoadedModel:
     decoder: bool = False               # decoder-only (causal) language model
     sparse: "SpladeConfig | None" = None  # a sparse model's SpladePooling (models/sparse.py)
     late_interaction: bool = False      # a ColBERT folder in PyLate's layout
+    m3: "M3Heads | None" = None         # BGE-M3's sparse and ColBERT heads (models/m3.py)
+    adapters: "Adapters | None" = None  # LoRA adapters attached with PEFT (models/adapters.py)
     # Forward-pass costs measured in this process, by precision (actors/batch_cost.py).
     batch_costs: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -129,6 +133,19 @@ class LoadedModel:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.module.parameters()).dtype
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The embeddings an embed item can carry (PROTOCOL.md 1.3 `outputs`)."""
+        from poolwire.models.m3 import OUTPUTS
+
+        if self.m3 is not None:
+            return OUTPUTS
+        return ("sparse",) if self.sparse is not None else ("dense",)
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return self.adapters.names if self.adapters is not None else []
 
     @property
     def num_labels(self) -> int:
@@ -214,9 +231,10 @@ def resolve_device(device: str) -> torch.device:
 
 
 def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
-               dtype: str = "float32") -> LoadedModel:
+               dtype: str = "float32", adapters: dict[str, Path] | None = None) -> LoadedModel:
     """Load a model from a local folder, or a hub id through the Hugging Face cache, onto
-    `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16)."""
+    `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16), with
+    the LoRA `adapters` {name: folder} beside the task adapters the folder ships."""
     from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM,
                               AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
@@ -236,6 +254,13 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
     target = resolve_device(device)
     module = loader.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype]).eval().to(target)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    offered = adapters_of(path, adapters)
+    attached = attach_adapters(module, offered) if offered else None
+    m3 = None
+    if kind == ModelKind.ENCODER:
+        m3 = read_m3_heads(path, int(config.hidden_size), int(config.vocab_size), tokenizer)
+        if m3 is not None:
+            m3 = m3.to(target)
     max_len = max_model_length(st.max_seq_length, getattr(tokenizer, "model_max_length", None),
                                getattr(config, "max_position_embeddings", None))
     id2label = {int(k): v for k, v in (config.id2label or {}).items()} if kind != ModelKind.ENCODER else {}
@@ -265,10 +290,12 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         token_head=per_token_head(module) if kind == ModelKind.SEQUENCE_CLASSIFICATION else None,
         takes_token_types="token_type_ids" in inspect.signature(module.forward).parameters,
         decoder=is_decoder_only(config),
-        sparse=st.splade, late_interaction=st.late_interaction,
+        sparse=st.splade, late_interaction=st.late_interaction, m3=m3, adapters=attached,
     )
     log.info("loaded %s (%s, %s) from %s, revision %s, on %s (%s): max length %d, pooling %s, "
              "dense %s, normalize %s, embedding size %d", model.name, architecture, kind, path,
              model.revision, target, dtype, max_len, model.pooling_method,
              len(st.dense), model.normalize_default, model.embedding_size)
+    if m3 is not None:
+        log.info("%s carries BGE-M3's heads: outputs %s", model.name, ", ".join(model.outputs))
     return model

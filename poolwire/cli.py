@@ -145,7 +145,7 @@ async def serve(settings: WorkerSettings) -> int:
         return EXIT_CONFIG
     try:
         model = load_model(settings.model or bundled_model_dir(), settings.model_name,
-                           settings.device, settings.dtype)
+                           settings.device, settings.dtype, settings.adapters)
         worker = Worker(settings, model)
     except (TaskConfigError, ValueError, OSError) as exc:
         print(f"poolwire: {exc}", file=sys.stderr)
