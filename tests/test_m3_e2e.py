@@ -164,3 +164,17 @@ def test_outputs_refused_on_a_one_output_model(minilm, tmp_path):
     with pytest.raises(ValueError, match="--score-method"):
         PoolingModel(bundled_model_dir(), backend="torch", score_method="sparse",
                      state_dir=tmp_path)
+
+
+def test_openvino_serves_the_heads_on_its_hidden_states(m3_dir, reference, tmp_path):
+    """The heads run after the backend's hidden states, so OpenVINO serves all three outputs."""
+    pytest.importorskip("openvino")
+    encode, score = reference
+    model = PoolingModel(m3_dir, backend="openvino", score_method="hybrid", state_dir=tmp_path)
+    assert model.backend.name == "openvino"
+    for item, text in zip(model.embed(TEXTS, outputs=["dense", "sparse", "multi_vector"]).data,
+                          TEXTS):
+        check_item(item, encode(text))
+    q = encode(QUERY)
+    close(model.score(QUERY, TEXTS).data, [score(q, encode(t))["hybrid"] for t in TEXTS],
+          atol=1e-4)
