@@ -45,7 +45,8 @@ def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
     ValueError for a `--score-method` the model has no outputs for."""
     supported = supported_tasks(model.kind, model.num_labels, model.per_token_classifier)
     configured = configured_task(model.architecture, supported, settings.task)
-    method = score_method(model.kind, model.num_labels, configured)
+    method = score_method(model.kind, model.num_labels, configured,
+                          model.prompt_template is not None)
     asked = getattr(settings, "score_method", None)
     if model.m3 is not None and Task.SCORE in supported:
         # PROTOCOL 1.3: BGE-M3 scores with the output --score-method names; a token_embed

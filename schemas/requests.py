@@ -73,6 +73,9 @@ class PoolingRequest(BaseModel):
     adapter: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = Field(
         None, description="the LoRA adapter this request is computed with, by the name the "
                           "deployment gives it (discovery `adapters`); default: the base model")
+    instruction: StrictStr | None = Field(
+        None, description="score on a reranker scoring with token logits: the task description "
+                          "its template puts before the query; default: the template's own")
     cache: StrictBool = Field(
         True, description="false: neither read nor write the worker's result cache for this "
                           "request (no effect where no cache is configured)")
@@ -95,7 +98,7 @@ TASK_FIELDS: dict[Task, frozenset[str]] = {
     Task.CLASSIFY: frozenset({"input", "use_activation"}),
     Task.TOKEN_CLASSIFY: frozenset({"input", "use_activation", "return_tokens", "aggregation"}),
     Task.SCORE: frozenset({"text_1", "text_2", "use_activation", "prompt_name", "prompt",
-                           *RERANK_FIELDS}),
+                           "instruction", *RERANK_FIELDS}),
 }
 REQUIRED_FIELDS: dict[Task, tuple[str, ...]] = {
     Task.EMBED: ("input",),
