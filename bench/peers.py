@@ -126,7 +126,7 @@ def load_peer(model: str, kwargs_json: str, device: str):
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(model, device=device, backend=kwargs["backend"],
-                               model_kwargs=kwargs["model_kwargs"] or None)
+                               model_kwargs=kwargs["model_kwargs"] or None, trust_remote_code=False)
 
 
 def versions() -> str:
