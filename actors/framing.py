@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from poolwire.models.sparse_vector import SparseVector
-from poolwire.schemas.codec import WireFormat, encode
+from poolwire.schemas.codec import Float32Rows, WireFormat, encode
 from poolwire.schemas.errors import ErrorCode, PoolingError
 
 
@@ -49,8 +49,12 @@ def wire_item(index: int, values: np.ndarray, style: ReplyStyle,
         else:
             raw = values.astype("<f2" if style.dtype == "float16" else "<f4").tobytes()
         item.update(dtype=style.dtype, shape=list(values.shape), bytes=raw)
+    elif values.ndim == 0:
+        item["data"] = values.item()
+    elif values.dtype == np.float32 and values.ndim <= 2:
+        item["data"] = Float32Rows(values)  # the codec writes its bytes as they are
     else:
-        item["data"] = values.item() if values.ndim == 0 else values.tolist()
+        item["data"] = values.tolist()
     if offset is not None:
         item["offset"] = offset
     if extras:
