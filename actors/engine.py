@@ -33,8 +33,6 @@ from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
 
 log = logging.getLogger(__name__)
 
-INLINE_FORWARD_S = 0.001  # a lone batch this cheap runs on the loop (EngineActor._runs_inline)
-
 
 def name_os_thread(name: str) -> None:
     """Give the calling thread its name in the OS too (/proc/<pid>/task/<tid>/comm), where
@@ -311,31 +309,11 @@ class EngineActor(Actor):
             span = self._tracing.forward_started(
                 [trace_of(item.payload[0].job) for item in batch], len(seqs),
                 len(seqs) * max(len(s) for s in seqs)) if self._tracing.enabled else None
-            if self._runs_inline(seqs):
-                future = loop.create_future()
-                try:
-                    future.set_result(run_batch(self.backend, seqs, specs))
-                except Exception as exc:  # answered in _complete, as from the thread
-                    future.set_exception(exc)
-            else:
-                future = loop.run_in_executor(self._forward_thread, run_batch, self.backend,
-                                              seqs, specs)
+            future = loop.run_in_executor(self._forward_thread, run_batch, self.backend, seqs,
+                                          specs)
             previous = self._last_delivery
             self._last_delivery = asyncio.create_task(
                 self._complete(batch, seqs, future, previous, span), name="poolwire-deliver")
-
-    def _runs_inline(self, seqs) -> bool:
-        """Whether to run this batch on the event loop itself: only when it is the only work
-        there is (no other batch computing, nothing queued, no request waiting in a mailbox)
-        and its measured cost is below INLINE_FORWARD_S. Handing a batch to the forward thread
-        and its result back costs two thread switches, which for a model that computes in
-        microseconds are most of a lone request's round trip (bench/service_cost.py, one
-        request at a time); a batch that costs more keeps the thread, so the loop never waits
-        on a forward pass while requests arrive."""
-        if (self._in_forward != 1 or len(self._planner) or self._mailbox.qsize() or self._looking
-                or not self._tokens_per_s):
-            return False
-        return sum(len(s) for s in seqs) / self._tokens_per_s <= INLINE_FORWARD_S
 
     async def _complete(self, batch, seqs, future, previous: asyncio.Task | None,
                         span=None) -> None:
