@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -431,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale <= 0:
         build_parser().error(f"--scale must be above 0, got {args.scale}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # `timeout` (gpu_check.sh) sends SIGTERM: exit through the finally blocks, which stop the
+    # workers, the responder and the nats-server this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     command = " ".join([".venv/bin/python bench/service_cost.py", *map(shlex.quote, argv)])
