@@ -32,7 +32,7 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 # Dependencies before the source, so a code change rebuilds only the last layers. Triton is left
 # out: on the CPU the kernels run their PyTorch references (the worker says so at start). The
 # tracing extra is in, so `--otlp-endpoint` works in the image as documented.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; deps = p['dependencies'] + p['optional-dependencies']['tracing']; print('\n'.join(d for d in deps if not d.startswith(('torch', 'triton'))))" > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
 
@@ -41,6 +41,8 @@ COPY actors ./actors
 COPY kernels ./kernels
 COPY models ./models
 COPY schemas ./schemas
+# README.md only now (pyproject's readme, for `pip install .`): an edit of it rebuilds no dependency.
+COPY README.md ./
 RUN pip install --no-deps . \
     && useradd --create-home --uid 10001 poolwire \
     && mkdir /models && chown poolwire /models
