@@ -43,9 +43,14 @@ COPY models ./models
 COPY schemas ./schemas
 # README.md only now (pyproject's readme, for `pip install .`): an edit of it rebuilds no dependency.
 COPY README.md ./
+# The worker's state dir (.poolwire in /app: OpenVINO's converted model) is the user's. OpenVINO's
+# telemetry is declined in the user's home: an image does not report to Google Analytics, and
+# without a network its attempt delays the start.
 RUN pip install --no-deps . \
     && useradd --create-home --uid 10001 poolwire \
-    && mkdir /models && chown poolwire /models
+    && mkdir /models /app/.poolwire /home/poolwire/intel \
+    && echo 0 > /home/poolwire/intel/openvino_telemetry \
+    && chown -R poolwire /models /app/.poolwire /home/poolwire/intel
 
 USER 10001
 # SIGTERM drains: requests already received are answered before the worker exits.
