@@ -17,9 +17,14 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_INDEX_URL=https://pypi.org/simple
 # TOKENIZERS_PARALLELISM holds no secret; DL3064 only matches the word TOKEN in its name.
+# HF_HUB_DISABLE_TELEMETRY and DO_NOT_TRACK: the switches poolwire/telemetry_off.py sets in its
+# own processes, here for any process of the image (docs/SECURITY.md); OpenVINO's telemetry has
+# no environment switch and is kept from loading by poolwire itself.
 # hadolint ignore=DL3064
 ENV PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    DO_NOT_TRACK=1 \
     TOKENIZERS_PARALLELISM=false \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -44,8 +49,9 @@ COPY schemas ./schemas
 # README.md only now (pyproject's readme, for `pip install .`): an edit of it rebuilds no dependency.
 COPY README.md ./
 # The worker's state dir (.poolwire in /app: OpenVINO's converted model) is the user's. OpenVINO's
-# telemetry is declined in the user's home: an image does not report to Google Analytics, and
-# without a network its attempt delays the start.
+# telemetry is also declined in the user's home, for processes other than poolwire's (`ovc`, a
+# script run in the container): measured before poolwire kept it from loading, its attempt to
+# reach Google Analytics held up the worker's start where there is no network.
 RUN pip install --no-deps . \
     && useradd --create-home --uid 10001 poolwire \
     && mkdir /models /app/.poolwire /home/poolwire/intel \
