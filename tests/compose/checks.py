@@ -81,9 +81,9 @@ def all_healthy(expected: int):
 
 
 def logs(container: str, *options: str) -> str:
-    out = subprocess.run(["docker", "logs", *options, container], capture_output=True,
-                         text=True, timeout=30)
-    return out.stdout + out.stderr
+    # One pipe for both streams, so the lines keep the order the worker wrote them in.
+    return subprocess.run(["docker", "logs", *options, container], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=30).stdout
 
 
 def metrics_port(container: str) -> int | None:
