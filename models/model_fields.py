@@ -5,7 +5,7 @@ ValidatorActor calls it, so these are all `invalid_request` before any tokenizin
 
 from dataclasses import dataclass, field
 
-from poolwire.schemas.errors import invalid
+from poolwire.schemas.errors import ErrorCode, PoolingError, invalid
 from poolwire.schemas.requests import PoolingRequest
 from poolwire.schemas.sanity import preview
 from poolwire.schemas.tasks import Task
@@ -21,14 +21,22 @@ class ModelFacts:
     matryoshka_dimensions: tuple[int, ...] | None = None
     cross_encoder_score: bool = False  # score is a one-label classifier, not cosine
     sparse: bool = False               # a sparse model (embed items are sparse vectors)
+    token_logits: bool = False         # a reranker scoring with token logits (PROTOCOL 1.3)
+    takes_instruction: bool = False    # its prompt template has an instruction
+    outputs: tuple[str, ...] = ("dense",)  # the embeddings an embed item can carry
+    adapters: tuple[str, ...] = ()     # the deployment's LoRA adapters, by name
 
     @classmethod
     def of(cls, model) -> "ModelFacts":
         from poolwire.models.task_heads import score_uses_cross_encoder
 
+        sparse = getattr(model, "sparse", None) is not None
+        template = getattr(model, "prompt_template", None)
         return cls(model.name, model.embedding_size, dict(model.prompts),
-                   model.matryoshka_dimensions, score_uses_cross_encoder(model),
-                   getattr(model, "sparse", None) is not None)
+                   model.matryoshka_dimensions, score_uses_cross_encoder(model), sparse,
+                   template is not None, template is not None and template.takes_instruction,
+                   tuple(getattr(model, "outputs", ("sparse",) if sparse else ("dense",))),
+                   tuple(getattr(model, "adapter_names", ())))
 
 
 def _has_token_ids(value) -> bool:
@@ -36,6 +44,8 @@ def _has_token_ids(value) -> bool:
 
 
 def check_model_fields(task: Task, request: PoolingRequest, facts: ModelFacts) -> None:
+    _check_outputs(request, facts)
+    _check_adapter(request, facts)
     _check_sparse(request, facts)
     _check_dimensions(request, facts)
     if (request.normalize is not None and request.use_activation is not None
@@ -45,10 +55,38 @@ def check_model_fields(task: Task, request: PoolingRequest, facts: ModelFacts) -
                       f"{request.use_activation} disagree: on {task} use_activation means "
                       f"normalize; send one of them", field="use_activation")
     _check_prompt(task, request, facts)
+    _check_instruction(request, facts)
     if request.aggregation not in (None, "none") and _has_token_ids(request.input):
         raise invalid(f"aggregation {request.aggregation!r} groups entities by their text, and "
                       f"this input is token ids: send the texts, or aggregation \"none\"",
                       field="aggregation")
+
+
+def _check_outputs(request: PoolingRequest, facts: ModelFacts) -> None:
+    """PROTOCOL.md 1.3: `outputs` only on a model with several, each one the model has."""
+    if request.outputs is None:
+        return
+    listed = ", ".join(facts.outputs)
+    if len(facts.outputs) == 1:
+        raise PoolingError(ErrorCode.INVALID_REQUEST,
+                           f"outputs applies to a model with several embeddings (BGE-M3); "
+                           f"{facts.name} has one output, {listed}: leave outputs out",
+                           field="outputs", outputs=list(facts.outputs))
+    missing = [o for o in request.outputs if o not in facts.outputs]
+    if missing:
+        raise PoolingError(ErrorCode.INVALID_REQUEST,
+                           f"outputs {missing} are not outputs of {facts.name}; its outputs: "
+                           f"{listed}", field="outputs", outputs=list(facts.outputs))
+
+
+def _check_adapter(request: PoolingRequest, facts: ModelFacts) -> None:
+    if request.adapter is None or request.adapter in facts.adapters:
+        return
+    listed = ", ".join(facts.adapters) or "none (start the worker with --adapter NAME=DIR)"
+    raise PoolingError(ErrorCode.INVALID_REQUEST,
+                       f"adapter {preview(request.adapter)} is not an adapter of this "
+                       f"deployment; its adapters: {listed}", field="adapter",
+                       adapters=list(facts.adapters))
 
 
 def _check_sparse(request: PoolingRequest, facts: ModelFacts) -> None:
@@ -74,6 +112,19 @@ def _check_dimensions(request: PoolingRequest, facts: ModelFacts) -> None:
     if allowed and d not in allowed:
         raise invalid(f"dimensions {d} is not one of the Matryoshka sizes {facts.name} declares: "
                       f"{', '.join(map(str, allowed))}", field="dimensions")
+
+
+def _check_instruction(request: PoolingRequest, facts: ModelFacts) -> None:
+    """PROTOCOL.md 1.3: `instruction` only on a token-logit reranker whose template has one."""
+    if request.instruction is None:
+        return
+    if not facts.token_logits:
+        raise invalid(f"instruction is the task description of a reranker that scores with "
+                      f"token logits (Qwen3-Reranker, mxbai-rerank v2); {facts.name} is not "
+                      f"one: leave it out", field="instruction")
+    if not facts.takes_instruction:
+        raise invalid(f"instruction: the prompt template of {facts.name} has no instruction; "
+                      f"leave it out", field="instruction")
 
 
 def _check_prompt(task: Task, request: PoolingRequest, facts: ModelFacts) -> None:

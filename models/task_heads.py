@@ -3,10 +3,11 @@ those sequences become the reply's items. Values in, values out: the EngineActor
 and the forward thread (`forward.py`) does the tensor work."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from poolwire.models import m3
 from poolwire.models.chunking import Chunks, chunk_sequences
 from poolwire.models.model import LoadedModel, ModelKind
 from poolwire.models.model_fields import prompt_for
@@ -33,6 +34,8 @@ class ScoreMethod:
     MAXSIM = "maxsim"               # late interaction over the two texts' token_embed rows
     DOT = "dot"                     # of the two sparse vectors
     CROSS_ENCODER = "cross-encoder"  # a one-label classifier on the pair
+    HYBRID = "hybrid"               # BGE-M3: the weighted mean of its three outputs' scores
+    TOKEN_LOGITS = "token-logits"    # a one-label classifier on the pair's prompt template
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,15 @@ class PoolSpec:
     # False: the pooled vector as it leaves the pooling, before Dense (a chunk of a longer
     # input, whose item is finished once its chunks are combined: chunking.py).
     project: bool = True
+    # HIDDEN on a BGE-M3 model: each sequence's value is a map of these outputs (models/m3.py).
+    outputs: tuple[str, ...] | None = None
+    # The LoRA adapter the forward pass runs with (None: the base model); a batch has one.
+    adapter: str | None = None
+
+    @property
+    def group(self) -> str:
+        """What every sequence of one micro-batch shares: the forward pass and the adapter."""
+        return self.forward if self.adapter is None else f"{self.forward}@{self.adapter}"
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,8 @@ class TaskPlan:
     rerank: Rerank | None = None
     # Chunked processing: item i combines the chunks chunks.groups[i]; None: one sequence each.
     chunks: Chunks | None = None
+    # BGE-M3's hybrid score: the weights of dense, sparse and multi_vector.
+    hybrid_weights: tuple[float, float, float] = m3.DEFAULT_HYBRID_WEIGHTS
 
     def extras(self, index: int, rows: np.ndarray) -> dict | None:
         """What an item carries besides its data: tokens, offsets, entities, document."""
@@ -150,12 +164,18 @@ def score_uses_cross_encoder(model: LoadedModel) -> bool:
 def default_score_method(model: LoadedModel) -> str:
     """The score of a deployment configured for embed (or classify): what the model's kind
     gives; a token_embed deployment passes ScoreMethod.MAXSIM instead (actors/task_policy.py)."""
+    if model.prompt_template is not None:
+        return ScoreMethod.TOKEN_LOGITS
     if score_uses_cross_encoder(model):
         return ScoreMethod.CROSS_ENCODER
     return ScoreMethod.DOT if model.sparse is not None else ScoreMethod.COSINE
 
 
 def _bi_encoder_spec(method: str, model: LoadedModel) -> PoolSpec:
+    if model.m3 is not None:
+        # The outputs the score method compares, as an embed item with `outputs` has them.
+        return PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=True,
+                        outputs=m3.outputs_for_score(method))
     if method == ScoreMethod.MAXSIM:
         # The deployment's own token_embed rows as it returns them by default (Dense applied,
         # normalised unless the folder says otherwise); use_activation never changes a
@@ -166,6 +186,17 @@ def _bi_encoder_spec(method: str, model: LoadedModel) -> PoolSpec:
     return PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=True)
 
 
+def _pair_sequences(request: PoolingRequest, model: LoadedModel, tokenizing: Tokenizing,
+                    first: list[str], second: list[str]):
+    """A cross-encoder's pairs: the tokenizer's text pair, or a token-logit reranker's prompt
+    template (whose tokens count in usage as any pair's do)."""
+    cut, side = request.truncate_prompt_tokens, request.truncation_side
+    if model.prompt_template is not None:
+        return model.prompt_template.pairs(first, second, request.instruction, cut, side,
+                                           tokenizing.max_length)
+    return tokenizing.pairs(first, second, cut, side)
+
+
 def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokenizing,
                  method: str, prompt: str) -> TaskPlan:
     """One query against its documents: a cross-encoder reads every (query, document) pair;
@@ -173,8 +204,8 @@ def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokeni
     cut, side = request.truncate_prompt_tokens, request.truncation_side
     docs = list(request.documents)
     rerank = Rerank(request.top_n, tuple(docs) if request.return_documents else None)
-    if method == ScoreMethod.CROSS_ENCODER:
-        seqs = tokenizing.pairs([request.query] * len(docs), docs, cut, side)
+    if method in (ScoreMethod.CROSS_ENCODER, ScoreMethod.TOKEN_LOGITS):
+        seqs = _pair_sequences(request, model, tokenizing, [request.query] * len(docs), docs)
         return TaskPlan(seqs, PoolSpec(Forward.SEQ_LOGITS,
                                        activation=_activation(model, request.use_activation)),
                         rerank=rerank)
@@ -191,10 +222,22 @@ def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokeni
 
 def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
               tokenizing: Tokenizing, *, score_method: str | None = None,
-              max_embed_len: int | None = None) -> TaskPlan:
+              max_embed_len: int | None = None,
+              hybrid_weights: tuple[float, float, float] | None = None) -> TaskPlan:
     """Tokenize a validated request and say what to compute; raises input_too_long.
     `score_method`: how this deployment scores (None: the model's default_score_method);
-    `max_embed_len`: chunked processing of embed inputs up to that many tokens."""
+    `max_embed_len`: chunked processing of embed inputs up to that many tokens;
+    `hybrid_weights`: BGE-M3's hybrid score weights (dense, sparse, multi_vector)."""
+    plan = _plan_task(task, request, model, tokenizing, score_method, max_embed_len)
+    if request.adapter is not None:
+        plan = replace(plan, spec=replace(plan.spec, adapter=request.adapter))
+    if hybrid_weights is not None:
+        plan = replace(plan, hybrid_weights=tuple(hybrid_weights))
+    return plan
+
+
+def _plan_task(task: Task, request: PoolingRequest, model: LoadedModel, tokenizing: Tokenizing,
+               score_method: str | None, max_embed_len: int | None) -> TaskPlan:
     cut, side = request.truncate_prompt_tokens, request.truncation_side
     prompt = prompt_for(task, request, model.prompts, model.default_prompt_name)
     if task is Task.SCORE:
@@ -202,8 +245,8 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
         if request.query is not None:
             return _plan_rerank(request, model, tokenizing, method, prompt)
         first, second = _score_pairs(request.text_1, request.text_2)
-        if method == ScoreMethod.CROSS_ENCODER:
-            seqs = tokenizing.pairs(first, second, cut, side)
+        if method in (ScoreMethod.CROSS_ENCODER, ScoreMethod.TOKEN_LOGITS):
+            seqs = _pair_sequences(request, model, tokenizing, first, second)
             return TaskPlan(seqs, PoolSpec(Forward.SEQ_LOGITS,
                                            activation=_activation(model, request.use_activation)))
         # Bi-encoder: embed each distinct text once (the prompt on both sides), then the
@@ -221,7 +264,10 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
     offsets = bool(request.return_tokens) or grouping
     # Chunks are pooled with the model's pooling (PROTOCOL 1.2); a sparse model's SPLADE
     # pooling is not, so its long inputs keep the usual length rules.
-    longest = max_embed_len if task is Task.EMBED and model.sparse is None else None
+    # BGE-M3's outputs beside dense are per token, so they keep the usual length rules too.
+    several = request.outputs is not None and tuple(request.outputs) != (m3.DENSE,)
+    longest = (max_embed_len if task is Task.EMBED and model.sparse is None and not several
+               else None)
     if texts is not None:
         seqs = tokenizing.texts([prompt + t for t in texts], cut, side, offsets=offsets,
                                 longest=longest)
@@ -230,6 +276,10 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
     if task is Task.EMBED and model.sparse is not None:
         spec = PoolSpec(Forward.MLM_LOGITS, normalize=_normalize(model, request),
                         max_active_dims=request.max_active_dims)
+    elif task is Task.EMBED and several:
+        spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method,
+                        normalize=_normalize(model, request), dimensions=request.dimensions,
+                        outputs=tuple(request.outputs))
     elif task is Task.EMBED:
         spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method,
                         normalize=_normalize(model, request), dimensions=request.dimensions)
@@ -244,6 +294,9 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
         spec = PoolSpec(Forward.TOKEN_LOGITS, token_level=True,
                         activation=_activation(model, request.use_activation))
     meta = _token_meta(tokenizing, seqs, len(prompt)) if request.return_tokens else None
+    if meta is not None and model.m3 is not None and task is Task.TOKEN_EMBED:
+        # BGE-M3's multi-vector rows leave out the first token (CLS).
+        meta = [{k: v[1:] for k, v in m.items()} for m in meta]
     entities = None
     if grouping and texts is not None:
         grouper, strategy = model.entity_grouper, request.aggregation
@@ -263,6 +316,10 @@ def cosine_items(plan: TaskPlan, outputs: dict[int, np.ndarray]) -> list[np.ndar
     """Bi-encoder scores of each pair: the dot product of L2-normalised embeddings (cosine) or
     of sparse vectors (dot), or MaxSim of token rows (late interaction)."""
     assert plan.pairs is not None
+    if plan.pairs and isinstance(outputs[plan.pairs[0][0]], dict):  # BGE-M3's outputs
+        return [np.asarray(m3.m3_score(plan.pair_score, outputs[i], outputs[j],
+                                       plan.hybrid_weights), dtype=np.float32)
+                for i, j in plan.pairs]
     if plan.pair_score == ScoreMethod.MAXSIM:
         return [np.asarray(maxsim(outputs[i], outputs[j])) for i, j in plan.pairs]
     if plan.pair_score == ScoreMethod.DOT:
