@@ -16,6 +16,7 @@ import torch
 
 from poolwire.models.model_source import LOCAL_REVISION, resolve_model_source
 from poolwire.models.per_token_head import TokenHead, per_token_head
+from poolwire.models.multimodal import Towers, find_multimodal
 from poolwire.models.sparse import SpladeConfig  # noqa: F401 (the `sparse` field's type)
 from poolwire.models.st_folder import (SentenceTransformersConfig,  # noqa: F401 (re-exported)
                                        read_sentence_transformers_config)
@@ -37,6 +38,7 @@ class ModelKind:
     SEQUENCE_CLASSIFICATION = "sequence_classification"
     TOKEN_CLASSIFICATION = "token_classification"
     SPARSE = "sparse"                        # a SparseEncoder folder (masked LM + SpladePooling)
+    MULTIMODAL = "multimodal"                # texts and images in one space (CLIP, SigLIP)
 
 
 def kind_of_architecture(architecture: str) -> str:
@@ -115,6 +117,7 @@ class LoadedModel:
     decoder: bool = False               # decoder-only (causal) language model
     sparse: "SpladeConfig | None" = None  # a sparse model's SpladePooling (models/sparse.py)
     late_interaction: bool = False      # a ColBERT folder in PyLate's layout
+    towers: "Towers | None" = None      # a multimodal model's text and image towers
     # Forward-pass costs measured in this process, by precision (actors/batch_cost.py).
     batch_costs: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -225,6 +228,9 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     source = resolve_model_source(folder)
     path = source.path
+    multimodal = find_multimodal(path)
+    if multimodal is not None:
+        return _load_multimodal(source, multimodal, name, resolve_device(device), DTYPES[dtype])
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     architecture = (config.architectures or [type(config).__name__])[0]
     st = read_sentence_transformers_config(path) or SentenceTransformersConfig()
@@ -267,8 +273,37 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         decoder=is_decoder_only(config),
         sparse=st.splade, late_interaction=st.late_interaction,
     )
+    _log_loaded(model, dtype, len(st.dense))
+    return model
+
+
+def _log_loaded(model: LoadedModel, dtype, dense: int) -> None:
     log.info("loaded %s (%s, %s) from %s, revision %s, on %s (%s): max length %d, pooling %s, "
-             "dense %s, normalize %s, embedding size %d", model.name, architecture, kind, path,
-             model.revision, target, dtype, max_len, model.pooling_method,
-             len(st.dense), model.normalize_default, model.embedding_size)
+             "dense %s, normalize %s, embedding size %d", model.name, model.architecture,
+             model.kind, model.path, model.revision, model.device, dtype, model.max_length,
+             model.pooling_method, dense, model.normalize_default, model.embedding_size)
+
+
+def _load_multimodal(source, mm, name: str | None, device: torch.device,
+                     dtype: torch.dtype) -> LoadedModel:
+    """A CLIP or SigLIP folder (models/multimodal.py): both towers, the tokenizer and the
+    image processor; normalised by default unless a Sentence-Transformers folder has no
+    Normalize module (PROTOCOL 'normalize')."""
+    from poolwire.models.multimodal import Towers, load_towers, text_max_length
+
+    module, tokenizer, processor = load_towers(mm, device, dtype)
+    st = read_sentence_transformers_config(source.path) if mm.st_folder else None
+    max_len = text_max_length(module, tokenizer, st.max_seq_length if st else None)
+    towers = Towers(module, mm.model_type, processor,
+                    max_len if mm.model_type != "clip" else None)
+    model = LoadedModel(
+        name=name or source.repo_id or source.path.name, path=source.path,
+        architecture=(module.config.architectures or [type(module).__name__])[0],
+        kind=ModelKind.MULTIMODAL, module=module, tokenizer=tokenizer, max_length=max_len,
+        hidden_size=towers.embedding_size, pooling_method="cls",
+        normalize_default=mm.normalize if mm.st_folder else True,
+        prompts=st.prompts if st else {},
+        default_prompt_name=st.default_prompt_name if st else None,
+        revision=source.revision, takes_token_types=False, towers=towers)
+    _log_loaded(model, dtype, 0)
     return model

@@ -3,7 +3,7 @@ those sequences become the reply's items. Values in, values out: the EngineActor
 and the forward thread (`forward.py`) does the tensor work."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -24,6 +24,8 @@ class Forward:
     SEQ_LOGITS = "seq_logits"      # the classifier head on the whole sequence
     TOKEN_LOGITS = "token_logits"  # a classifier on every token
     MLM_LOGITS = "mlm_logits"      # a sparse model's masked-LM logits, SPLADE-pooled
+    TEXT_FEATURES = "text_features"    # a multimodal model's text tower (get_text_features)
+    IMAGE_FEATURES = "image_features"  # its image tower (get_image_features)
 
 
 class ScoreMethod:
@@ -58,7 +60,7 @@ class Rerank:
     `documents` is kept (return_documents)."""
 
     top_n: int | None = None
-    documents: tuple[str, ...] | None = None
+    documents: tuple[str | None, ...] | None = None  # None where a document is an image
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,22 @@ class TaskPlan:
     rerank: Rerank | None = None
     # Chunked processing: item i combines the chunks chunks.groups[i]; None: one sequence each.
     chunks: Chunks | None = None
+    # A multimodal model (multimodal_plan.py): each sequence's forward pass (TEXT_FEATURES or
+    # IMAGE_FEATURES), so a micro-batch holds one modality; None: spec.forward for all.
+    forwards: list[str] | None = None
+    images: int = 0  # image elements computed, for usage.images
+
+    def spec_for(self, index: int) -> PoolSpec:
+        """What sequence `index` needs: the plan's spec, in its own modality."""
+        if self.forwards is None:
+            return self.spec
+        return replace(self.spec, forward=self.forwards[index])
 
     def extras(self, index: int, rows: np.ndarray) -> dict | None:
         """What an item carries besides its data: tokens, offsets, entities, document."""
         out: dict = {}
-        if self.rerank is not None and self.rerank.documents is not None:
+        if self.rerank is not None and self.rerank.documents is not None \
+                and self.rerank.documents[index] is not None:  # text documents only (1.3)
             out["document"] = self.rerank.documents[index]
         if self.token_meta is not None:
             out.update(self.token_meta[index])
@@ -191,10 +204,15 @@ def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokeni
 
 def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
               tokenizing: Tokenizing, *, score_method: str | None = None,
-              max_embed_len: int | None = None) -> TaskPlan:
+              max_embed_len: int | None = None, images: dict | None = None) -> TaskPlan:
     """Tokenize a validated request and say what to compute; raises input_too_long.
     `score_method`: how this deployment scores (None: the model's default_score_method);
-    `max_embed_len`: chunked processing of embed inputs up to that many tokens."""
+    `max_embed_len`: chunked processing of embed inputs up to that many tokens; `images`: a
+    multimodal request's preprocessed images by (field, index) (models/images.py)."""
+    if model.towers is not None:
+        from poolwire.models.multimodal_plan import plan_multimodal
+
+        return plan_multimodal(task, request, model, tokenizing, images or {})
     cut, side = request.truncate_prompt_tokens, request.truncation_side
     prompt = prompt_for(task, request, model.prompts, model.default_prompt_name)
     if task is Task.SCORE:
