@@ -177,10 +177,15 @@ class EngineActor(Actor):
     async def _prepare_then_return(self, job: Job) -> None:
         try:
             try:
-                with self.stats.timed("images"), trace_of(job).stage("images"):
+                with trace_of(job).stage("images"):
                     images = await self._images.prepare(job.request)
             except PoolingError as err:
                 await self._refuse(job, err)
+                return
+            except Exception as exc:  # nothing a client sent is lost without an answer
+                log.exception("preparing the images of %s failed", job.request_id)
+                await self._refuse(job, PoolingError(ErrorCode.INTERNAL,
+                                                     f"preparing its images failed: {exc!r}"))
                 return
             try:
                 self.tell(_Prepared(job, images))

@@ -73,7 +73,8 @@ class PoolingModel:
     def __init__(self, model, *, pooler_config: PoolerConfig = PoolerConfig(), device: str = "auto",
                  backend: str = "auto", precision: str = "exact", dtype: str = "float32",
                  max_batch_tokens: int = 8192, max_batch_size: int = 64,
-                 max_added_padding: int = 16, state_dir: str | Path = ".poolwire") -> None:
+                 max_added_padding: int = 16, state_dir: str | Path = ".poolwire",
+                 max_image_pixels: int = 89_478_485) -> None:
         from poolwire.actors.task_policy import TaskConfigError
         from poolwire.actors.validator import ModelLimits
         from poolwire.actors.worker import task_policy_for
@@ -104,6 +105,7 @@ class PoolingModel:
                                    self.model.embedding_size, ModelFacts.of(self.model))
         self._tokenizing = Tokenizing(self.model.tokenizer, self.model.max_length)
         self._batching = (max_batch_tokens, max_batch_size, max_added_padding)
+        self.max_image_pixels = max_image_pixels  # a worker's --max-image-pixels
 
     @property
     def configured_task(self) -> str:
@@ -186,17 +188,26 @@ class PoolingModel:
 
     def _compute(self, task: Task, body: dict, notes: list[str]) -> PoolingResult:
         from poolwire.actors.validator import check_against_model
+        from poolwire.models.model_fields import texts_as_strings
         from poolwire.models.task_heads import plan_task
+        from poolwire.offline_images import lift_images, prepare_images
         from poolwire.schemas.requests import parse_request
 
+        body, pils = lift_images(body)  # PIL images and bytes beside texts (PROTOCOL 1.3)
         request = parse_request(task, body)  # unknown keys first, as on the wire
         for name in WIRE_ONLY_FIELDS:
             if body.get(name) is not None:
                 raise InvalidRequestError(f"{name} is about the wire; PoolingModel returns numpy "
                                           f"arrays in this process: leave it out", field=name)
         check_against_model(task, request, self._limits)
+        images = None
+        if self.model.towers is not None:
+            images = prepare_images(request, self.model.towers, pils, self.max_image_pixels)
+        else:
+            request = texts_as_strings(request)
         plan = plan_task(task, request, self.model, self._tokenizing,
-                         score_method=self.policy.score_method, max_embed_len=self.max_embed_len)
+                         score_method=self.policy.score_method, max_embed_len=self.max_embed_len,
+                         images=images)
         items = self._pool(task, plan)
         values = [v if isinstance(v, SparseVector) else np.asarray(v) for _, v in items]
         if values and isinstance(values[0], SparseVector):  # a sparse model's embed
@@ -209,8 +220,10 @@ class PoolingModel:
             data = np.stack(values).astype(np.float32, copy=False)
         extras = [plan.extras(i, v) for i, v in items]
         tokens = plan.prompt_tokens
-        return PoolingResult(data, task.value, self.model.name,
-                             {"prompt_tokens": tokens, "total_tokens": tokens}, notes,
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        if plan.images:
+            usage["images"] = plan.images
+        return PoolingResult(data, task.value, self.model.name, usage, notes,
                              extras if any(e is not None for e in extras) else None,
                              [i for i, _ in items])
 
@@ -223,11 +236,11 @@ class PoolingModel:
 
         planner = BatchPlanner(*self._batching)
         for i, seq in enumerate(plan.sequences):
-            planner.add(QueuedItem(tokens=len(seq), group=plan.spec.forward, payload=i))
+            planner.add(QueuedItem(tokens=len(seq), group=plan.spec_for(i).forward, payload=i))
         outputs: dict[int, np.ndarray] = {}
         while batch := planner.next_batch():
             seqs = [plan.sequences[item.payload] for item in batch]
-            result = run_batch(self.backend, seqs, [plan.spec] * len(seqs))
+            result = run_batch(self.backend, seqs, [plan.spec_for(item.payload) for item in batch])
             for item, value in zip(batch, result.outputs):
                 outputs[item.payload] = sequence_value(task, plan, value)
         return assemble_items(plan, outputs, self.model)
