@@ -14,8 +14,8 @@ model. With other processes on the cores, torch's worker threads wait for each o
 16-token pass that takes 4 ms quiet took 100 to 670 ms, giving budgets from 69 to 1,952 tokens
 in six measurements at a load of 4 to 5 on 2 cores (and up to 60% padding in the benchmark).
 A CPU keeps the float32 budget of 16, chosen by a sweep that found 8 to 32 equally good
-(README), unless asked for `auto`; a GPU's fixed cost is its kernel launches, which the CPU's
-load barely moves, and a fixed 16 there would keep its batches needlessly small.
+(docs/PERFORMANCE.md), unless asked for `auto`; a GPU's fixed cost is its kernel launches, which
+the CPU's load barely moves, and a fixed 16 there would keep its batches needlessly small.
 
 `fit_batch_cost`, `BatchCost.padding_budget` and `budget_rule` are pure;
 `measure_batch_cost` times real forward passes."""
@@ -34,7 +34,7 @@ from poolwire.models.task_heads import Forward
 CALIBRATION_SHAPES: tuple[tuple[int, int], ...] = ((1, 16), (4, 16), (4, 64), (8, 64))
 CALIBRATION_REPEATS = 2  # the fastest of these runs counts: other load only ever adds time
 MIN_BUDGET = 1
-CPU_BUDGET = 16  # tokens, for float32 on a CPU: the README's sweep of 8 / 16 / 32
+CPU_BUDGET = 16  # tokens, for float32 on a CPU: the sweep of 8 / 16 / 32 in docs/PERFORMANCE.md
 # Tokens, for OpenVINO on a CPU: the median of eight measurements of measure_batch_cost on the
 # OpenVINO backend (MiniLM, f32; `fast` serves f32 on this AVX2 CPU, so both precisions are one
 # arithmetic here and were measured as such), at a load of 2.7 to 3.8 on these 2 cores (other

@@ -4,8 +4,9 @@ the fastest other mode on this CPU? Numbers to compare, in one process, one run:
 
     python bench/int8.py --texts 500
 
-Calibration uses sentences of this repository's README (prose the benchmark workload,
-bench/workload.py, never contains). Every mode runs the same sorted batches of --batch-size
+Calibration uses sentences of this repository's manual, README.md and then docs/*.md by
+name (prose the benchmark workload, bench/workload.py, never contains; the figures in
+docs/PERFORMANCE.md were calibrated when that prose was all in README.md). Every mode runs the same sorted batches of --batch-size
 through the same pooling (mean, normalised, as all-MiniLM-L6-v2 pools), so only the forward
 pass differs. NNCF is a tool of this measurement, not a dependency of poolwire."""
 
@@ -27,7 +28,9 @@ MIN_COSINE = 0.999
 
 
 def calibration_texts(limit: int) -> list[str]:
-    text = (_HERE.parent / "README.md").read_text()
+    root = _HERE.parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    text = "\n".join(p.read_text() for p in pages)
     text = re.sub(r"`[^`]*`|\|[^\n]*|#+ |\*", " ", text)
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text)]
     return [s for s in sentences if 6 <= len(s.split()) <= 120][:limit]

@@ -4,7 +4,7 @@
 weights and runs the model under torch.autocast: matmuls and linears in bfloat16 (CPU) or
 float16 (CUDA), while autocast keeps the accuracy-sensitive operations (layer norm, softmax,
 reductions) in float32. Casting the weights instead (`--dtype`) loses more accuracy for the
-same speed (README, "Precision").
+same speed (docs/PERFORMANCE.md, "Precision").
 
 A CPU without bfloat16 support in oneDNN (neither AVX-512 nor ARM BF16) computes bfloat16
 matmuls in a slow generic path: there `fast` would be 2x to 6x slower than float32, so the worker

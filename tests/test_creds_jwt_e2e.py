@@ -101,7 +101,7 @@ async def test_worker_serves_a_client_with_creds_files_and_leaks_neither(
     await worker.start(operator_mode.url)
     try:
         assert f"created stream POOLWIRE_EVENTS_{PREFIX.upper()}" in caplog.text  # JetStream works
-        # The CLI as the README documents it, with the other user's creds file.
+        # The CLI as docs/SECURITY.md documents it, with the other user's creds file.
         code, out, err = await run_cli("embed", "hello", "--nats-url", operator_mode.url,
                                        "--prefix", PREFIX, "--nats-creds",
                                        str(operator_mode.creds["embedder"]),

@@ -1,5 +1,5 @@
 """Every precision mode serves every task of every test model through a real nats-server, within
-the tolerance README.md ("Precision") states, against float32 transformers computed here.
+the tolerance docs/PERFORMANCE.md ("Precision") states, against float32 transformers computed here.
 
 This CPU may lack native bfloat16, where `--precision fast` falls back to float32; the tests
 force the bfloat16 autocast path anyway (by saying the CPU has it), since its results are the
@@ -22,8 +22,8 @@ FIRST = "what does the committee question?"
 
 # Largest absolute difference to float32 transformers, per mode, over every task's values
 # (probabilities, scores, unit-vector components), and the smallest embedding cosine: the
-# tolerances README.md ("Precision") states. Measured here, across MiniLM and the small test
-# models: exact 6e-8; fast 1.8e-3 (MiniLM token rows), cosine 0.999985; bfloat16 weights
+# tolerances docs/PERFORMANCE.md ("Precision") states. Measured here, across MiniLM and the small
+# test models: exact 6e-8; fast 1.8e-3 (MiniLM token rows), cosine 0.999985; bfloat16 weights
 # 3.3e-3, cosine 0.99995.
 TOLERANCE = {"exact": 1e-5, "fast": 5e-3, "fallback": 1e-5, "bfloat16": 1e-2}
 MIN_COSINE = {"exact": 0.99999, "fast": 0.9999, "fallback": 0.99999, "bfloat16": 0.999}

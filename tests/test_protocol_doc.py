@@ -121,7 +121,28 @@ def doc() -> str:
 
 
 def test_doc_names_the_protocol_version(doc):
-    assert "version 1.2" in doc.split("\n## ")[0]
+    assert "version 1.3" in doc.split("\n## ")[0]
+
+
+# Version 1.3's additions, documented before every one of them is in the code (the code-vs-doc
+# checks above only ask the doc to cover what the code has, so they cannot see these).
+V1_3 = {("Request keys", "key"): {"outputs", "adapter", "instruction"},
+        ("Discovery", "key"): {"modalities", "outputs", "adapters", "hybrid_weights"}}
+
+
+@pytest.mark.parametrize("section, first_column", list(V1_3), ids=lambda v: v)
+def test_doc_has_the_1_3_rows(doc, section, first_column):
+    rows = table(doc, section, first_column).rows
+    assert V1_3[section, first_column] - rows.keys() == set()
+
+
+def test_doc_describes_1_3_inputs_and_models(doc):
+    headings = {line.lstrip("#").strip() for line in doc.splitlines() if line.startswith("### ")}
+    assert {"Images (multimodal models, 1.3)", "Several outputs (BGE-M3, 1.3)",
+            "Rerankers that score with token logits (1.3)", "Adapters (1.3)"} <= headings
+    for name in ('`{"image": <bytes>}`', '`{"image_ref": {"bucket": B, "name": N}}`',
+                 "`token-logits`", "`hybrid`", "`--trust-remote-code`"):
+        assert name in doc, name
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)

@@ -1,4 +1,4 @@
-"""The whole pipeline loop on one machine (README "Pipelines"):
+"""The whole pipeline loop on one machine (docs/DURABLE.md, "Pipelines"):
 
     python examples/pipeline/loop.py setup                # streams DOCS and RESULTS
     poolwire serve --nats-url nats://127.0.0.1:4222 --pipeline-stream DOCS \\
