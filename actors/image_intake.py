@@ -5,6 +5,7 @@ element (`field`, `index`, `bucket`, `name`) and costs no model time."""
 
 import asyncio
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import nats.errors
@@ -17,14 +18,16 @@ log = logging.getLogger(__name__)
 
 
 class ImageIntake:
-    def __init__(self, towers, max_pixels: int, nc=None, threads: int = 2) -> None:
+    def __init__(self, towers, max_pixels: int, nc=None, threads: int | None = None) -> None:
         self._towers = towers
         self.max_pixels = max_pixels
         self._nc = nc
         self._js = nc.jetstream() if nc is not None else None
         self._stores: dict = {}  # bucket -> ObjectStore, bound once
         # Decoding and resizing hold the GIL only in part (Pillow releases it in its codecs and
-        # resampling), so a small pool keeps up with the forward thread without starving it.
+        # resampling), so a small pool keeps up with the forward thread; one thread per two
+        # cores, since on a CPU the forward pass wants the cores too.
+        threads = threads or max(1, min(4, (os.cpu_count() or 2) // 2))
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="poolwire-images")
 
     async def prepare(self, request) -> dict[tuple[str, int | None], ImageInput]:

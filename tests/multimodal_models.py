@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 from transformers import (AutoTokenizer, CLIPConfig, CLIPImageProcessor, CLIPModel,
-                          CLIPProcessor, SiglipConfig, SiglipImageProcessor, SiglipModel,
+                          CLIPProcessor, Siglip2Config, Siglip2ImageProcessor, Siglip2Model,
+                          Siglip2Processor, SiglipConfig, SiglipImageProcessor, SiglipModel,
                           SiglipProcessor)
 
 TEXT_LENGTH = 64  # the text towers' positions; SigLIP pads every text to it
@@ -48,6 +49,20 @@ def siglip_folder(folder: Path, tokenizer_dir: Path, seed: int = 1) -> Path:
     SiglipModel(config).eval().save_pretrained(folder)
     images = SiglipImageProcessor(size={"height": 32, "width": 32})
     SiglipProcessor(image_processor=images, tokenizer=tok).save_pretrained(folder)
+    return folder
+
+
+def siglip2_folder(folder: Path, tokenizer_dir: Path, seed: int = 2) -> Path:
+    """SigLIP 2's NaFlex model: images as up to 16 patches of 8 pixels, in their aspect ratio."""
+    tok = _tokenizer(tokenizer_dir)
+    torch.manual_seed(seed)
+    config = Siglip2Config(
+        text_config=dict(_TOWER, vocab_size=tok.vocab_size, max_position_embeddings=TEXT_LENGTH,
+                         pad_token_id=tok.pad_token_id),
+        vision_config=dict(_TOWER, patch_size=8, num_patches=16))
+    Siglip2Model(config).eval().save_pretrained(folder)
+    images = Siglip2ImageProcessor(patch_size=8, max_num_patches=16)
+    Siglip2Processor(image_processor=images, tokenizer=tok).save_pretrained(folder)
     return folder
 
 

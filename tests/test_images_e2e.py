@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from poolwire.models.model import bundled_model_dir, load_model
-from tests.multimodal_models import (clip_folder, encoded, siglip_folder,
+from tests.multimodal_models import (clip_folder, encoded, siglip2_folder, siglip_folder,
                                      st_clip_folder, test_images)
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,7 +33,8 @@ def mm_dirs(tmp_path_factory):
     tok = bundled_model_dir()
     clip = clip_folder(root / "clip", tok)
     return {"clip": clip, "siglip": siglip_folder(root / "siglip", tok),
-            "st_clip": st_clip_folder(root / "st-clip", clip)}
+            "st_clip": st_clip_folder(root / "st-clip", clip),
+            "siglip2": siglip2_folder(root / "siglip2", tok)}
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +58,14 @@ def _reference(folder: Path, name: str) -> dict[str, np.ndarray]:
         for key in ORDER:
             out[key] = st.encode([_pil(key)])[0]
         return out
-    from transformers import AutoProcessor, CLIPModel, SiglipModel
+    from transformers import (AutoImageProcessor, AutoTokenizer, CLIPModel, Siglip2Model,
+                              SiglipModel)
 
-    cls = CLIPModel if name == "clip" else SiglipModel
-    model, processor = cls.from_pretrained(folder).eval(), AutoProcessor.from_pretrained(folder)
-    padding = {"padding": "max_length"} if name == "siglip" else {}  # as the model cards do
+    cls = {"clip": CLIPModel, "siglip": SiglipModel, "siglip2": Siglip2Model}[name]
+    model = cls.from_pretrained(folder).eval()
+    tokenizer, images = AutoTokenizer.from_pretrained(folder), \
+        AutoImageProcessor.from_pretrained(folder)
+    padding = {"padding": "max_length"} if name != "clip" else {}  # as the model cards do
 
     def unit(v):
         v = getattr(v, "pooler_output", v)[0]
@@ -70,10 +74,12 @@ def _reference(folder: Path, name: str) -> dict[str, np.ndarray]:
     with torch.no_grad():
         for text in TEXTS:
             out[text] = unit(model.get_text_features(
-                **processor.tokenizer([text], return_tensors="pt", **padding)))
+                **tokenizer([text], return_tensors="pt", **padding)))
         for key in ORDER:
+            if name == "siglip2" and key == "rgba.png":
+                continue  # its processor takes no alpha channel (an invalid_request, as tested)
             out[key] = unit(model.get_image_features(
-                **processor(images=[_pil(key)], return_tensors="pt")))
+                **images(images=[_pil(key)], return_tensors="pt")))
     return out
 
 
@@ -137,15 +143,21 @@ async def test_a_text_query_ranks_image_documents_by_the_reference_cosine(
     assert pair["usage"]["images"] == 1  # one image element, computed once
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip", "st_clip"])
+@pytest.mark.parametrize("name", ["clip", "siglip", "st_clip", "siglip2"])
 def test_offline_embeds_pil_images_and_bytes_beside_texts(name, mm_dirs, references):
     from poolwire import PoolingModel
+    from poolwire.offline_errors import InvalidRequestError
 
     model = PoolingModel(str(mm_dirs[name]), device="cpu", backend="torch")
-    result = model.embed([TEXTS[0], _pil("rgba.png"), IMAGES["gray.jpg"], _pil("big.png")])
-    for row, key in zip(np.asarray(result), [TEXTS[0], "rgba.png", "gray.jpg", "big.png"]):
+    first = _pil("small.webp") if name == "siglip2" else _pil("rgba.png")
+    keys = [TEXTS[0], "small.webp" if name == "siglip2" else "rgba.png", "gray.jpg", "big.png"]
+    result = model.embed([TEXTS[0], first, IMAGES["gray.jpg"], _pil("big.png")])
+    for row, key in zip(np.asarray(result), keys):
         _close(row, references[name][key])
     assert result.usage["images"] == 3
+    if name == "siglip2":  # what its processor refuses is the element's invalid_request
+        with pytest.raises(InvalidRequestError, match=r"input\[1\]"):
+            model.embed(["x", IMAGES["rgba.png"]])
 
 
 async def test_bad_images_are_invalid_requests_naming_their_element(
