@@ -76,8 +76,8 @@ def _reference(folder: Path, name: str) -> dict[str, np.ndarray]:
             out[text] = unit(model.get_text_features(
                 **tokenizer([text], return_tensors="pt", **padding)))
         for key in ORDER:
-            if name == "siglip2" and key == "rgba.png":
-                continue  # its processor takes no alpha channel (an invalid_request, as tested)
+            if name == "siglip2" and key in ("rgba.png", "gray.jpg"):
+                continue  # its processor converts no mode to RGB (an invalid_request, tested)
             out[key] = unit(model.get_image_features(
                 **images(images=[_pil(key)], return_tensors="pt")))
     return out
@@ -149,10 +149,10 @@ def test_offline_embeds_pil_images_and_bytes_beside_texts(name, mm_dirs, referen
     from poolwire.offline_errors import InvalidRequestError
 
     model = PoolingModel(str(mm_dirs[name]), device="cpu", backend="torch")
-    first = _pil("small.webp") if name == "siglip2" else _pil("rgba.png")
-    keys = [TEXTS[0], "small.webp" if name == "siglip2" else "rgba.png", "gray.jpg", "big.png"]
-    result = model.embed([TEXTS[0], first, IMAGES["gray.jpg"], _pil("big.png")])
-    for row, key in zip(np.asarray(result), keys):
+    # SigLIP 2's processor takes RGB only: a grayscale or RGBA file is refused (below).
+    pil, raw = ("small.webp", "big.png") if name == "siglip2" else ("rgba.png", "gray.jpg")
+    result = model.embed([TEXTS[0], _pil(pil), IMAGES[raw], _pil("big.png")])
+    for row, key in zip(np.asarray(result), [TEXTS[0], pil, raw, "big.png"]):
         _close(row, references[name][key])
     assert result.usage["images"] == 3
     if name == "siglip2":  # what its processor refuses is the element's invalid_request
