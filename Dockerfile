@@ -6,9 +6,14 @@ FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0
 # TOKENIZERS_PARALLELISM holds no secret; DL3064 only matches the word TOKEN in its name.
+# HF_HUB_DISABLE_TELEMETRY and DO_NOT_TRACK: the switches poolwire/telemetry_off.py sets in its
+# own processes, here for any process of the image (docs/SECURITY.md); OpenVINO's telemetry has
+# no environment switch and is kept from loading by poolwire itself.
 # hadolint ignore=DL3064
 ENV PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    DO_NOT_TRACK=1 \
     TOKENIZERS_PARALLELISM=false \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1

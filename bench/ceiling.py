@@ -80,7 +80,8 @@ def encode_gflops(texts: list[str], device: str, batch_size: int) -> tuple[float
 
     from poolwire.models.model import bundled_model_dir
 
-    model = SentenceTransformer(str(bundled_model_dir()), device=device)
+    model = SentenceTransformer(str(bundled_model_dir()), device=device,
+                                trust_remote_code=False)
     shape = EncoderShape.of(model[0].auto_model.config)
     lengths = [len(ids) for ids in model.tokenizer(texts, truncation=True,
                                                    max_length=model.max_seq_length)["input_ids"]]
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.workload import mixed_texts
     from poolwire.models.model import bundled_model_dir
 
-    shape = EncoderShape.of(AutoConfig.from_pretrained(bundled_model_dir()))
+    shape = EncoderShape.of(AutoConfig.from_pretrained(bundled_model_dir(),
+                                                        trust_remote_code=False))
     texts = mixed_texts(args.texts)
     print(f"[ceiling] in-process encode of {len(texts)} texts on {args.device}", file=sys.stderr)
     useful, texts_per_s, tokens = encode_gflops(texts, args.device, args.batch_size)

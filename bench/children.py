@@ -15,10 +15,17 @@ def child_env(torch_threads: int | None = None) -> dict[str, str]:
     """The environment of the worker and the in-process run: models from local folders only,
     and the production CPU path (TRITON_INTERPRET, which the tests set, would run the pooling
     kernels through the Triton interpreter and measure that instead)."""
+    # Imported here: the child side of this module runs in the peers' virtualenv, without poolwire.
+    from poolwire.telemetry_off import ENVIRONMENT as TELEMETRY_ENVIRONMENT
+
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["HF_HUB_OFFLINE"] = "1"
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bar
+    # The peers' virtualenv has no poolwire to apply poolwire/telemetry_off.py: its
+    # environment switches go to every child here.
+    for name, value in TELEMETRY_ENVIRONMENT.items():
+        env.setdefault(name, value)
     if torch_threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])

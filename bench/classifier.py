@@ -39,14 +39,16 @@ def build_classifier(dest: Path, labels: tuple[str, ...] = LABELS, seed: int = S
     try:
         model = BertForSequenceClassification.from_pretrained(
             encoder_dir, num_labels=len(labels), id2label=dict(enumerate(labels)),
-            label2id={label: i for i, label in enumerate(labels)}, local_files_only=True)
+            label2id={label: i for i, label in enumerate(labels)}, local_files_only=True,
+            trust_remote_code=False)
     finally:
         transformers.logging.set_verbosity(verbosity)
     generator = torch.Generator().manual_seed(seed)  # the same head every run
     with torch.no_grad():
         model.classifier.weight.normal_(0.0, HEAD_STD, generator=generator)
         model.classifier.bias.zero_()
-    tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(encoder_dir, local_files_only=True,
+                                              trust_remote_code=False)
     st = read_sentence_transformers_config(encoder_dir)
     if st is not None and st.max_seq_length:
         tokenizer.model_max_length = int(st.max_seq_length)
@@ -59,8 +61,10 @@ def load_classifier(model_dir: Path, device: str = "cpu"):
     """(tokenizer, model) of a classifier folder in float32, as transformers loads it."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True,
+                                              trust_remote_code=False)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True,
+                                                               trust_remote_code=False)
     return tokenizer, model.to(device).eval()
 
 

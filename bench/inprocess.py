@@ -55,7 +55,8 @@ def inprocess_child(args: argparse.Namespace) -> int:
 
         from poolwire.models.model import bundled_model_dir
 
-        module = SentenceTransformer(str(args.model or bundled_model_dir()), device=args.device)
+        module = SentenceTransformer(str(args.model or bundled_model_dir()), device=args.device,
+                                     trust_remote_code=False)
         name = "in-process encode"
 
         def run_all(batch: list[str]):

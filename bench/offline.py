@@ -38,7 +38,7 @@ def measure(texts: list[str], model_dir: str, device: str, rounds: int, batch_si
 
     from poolwire import PoolingModel, PoolerConfig
 
-    st = SentenceTransformer(model_dir, device=device)
+    st = SentenceTransformer(model_dir, device=device, trust_remote_code=False)
     # backend="torch": the same backend as the peer (the default, auto, would take OpenVINO on
     # a CPU and compare two backends instead of the two paths over one).
     offline = PoolingModel(model_dir, pooler_config=PoolerConfig(task="embed"), device=device,

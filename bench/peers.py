@@ -94,7 +94,7 @@ def load_peer(model: str, kwargs_json: str, device: str):
 
     kwargs = json.loads(kwargs_json)
     return SentenceTransformer(model, device=device, backend=kwargs["backend"],
-                               model_kwargs=kwargs["model_kwargs"] or None)
+                               model_kwargs=kwargs["model_kwargs"] or None, trust_remote_code=False)
 
 
 def versions() -> str:

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="poolwire-precision-")
     classifier = build_classifier(Path(tmp.name) / "classifier")
     references = {
-        "embed": SentenceTransformer(str(bundled_model_dir()), device="cpu").encode(
+        "embed": SentenceTransformer(str(bundled_model_dir()), device="cpu",
+                                     trust_remote_code=False).encode(
             texts, batch_size=args.batch_size, show_progress_bar=False),
         "classify": classifier_logits(*load_classifier(classifier), texts, args.batch_size)}
     # Per task: the model folder, what to compute on each sequence, how far from its reference.

@@ -74,7 +74,7 @@ async def run_both(folder: Path, docs: list[str], reps: int, warmup: int, batch_
     from poolwire.models.model import load_model
     from poolwire.settings import WorkerSettings
 
-    peer = CrossEncoder(str(folder), device="cpu")
+    peer = CrossEncoder(str(folder), device="cpu", trust_remote_code=False)
     model = load_model(folder)
     with NatsServer() as server:
         worker = Worker(WorkerSettings(prefix=PREFIX, precision="exact", **worker_options), model)

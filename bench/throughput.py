@@ -157,7 +157,9 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
     from bench.precision_modes import DEFAULT_MODES, parse_modes
 
     model_dir = Path(args.model or bundled_model_dir())
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    # Explicit, so a folder with auto_map is an error here, never a prompt on standard input.
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True,
+                                              trust_remote_code=False)
     st = read_sentence_transformers_config(model_dir)
     max_len = max_model_length(st.max_seq_length if st else None,
                                getattr(tokenizer, "model_max_length", None), None)

@@ -17,6 +17,7 @@ import torch
 from poolwire.models.model_source import LOCAL_REVISION, resolve_model_source
 from poolwire.models.per_token_head import TokenHead, per_token_head
 from poolwire.models.multimodal import Towers, find_multimodal
+from poolwire.models.remote_code import check_remote_code
 from poolwire.models.sparse import SpladeConfig  # noqa: F401 (the `sparse` field's type)
 from poolwire.models.st_folder import (SentenceTransformersConfig,  # noqa: F401 (re-exported)
                                        read_sentence_transformers_config)
@@ -117,6 +118,7 @@ class LoadedModel:
     decoder: bool = False               # decoder-only (causal) language model
     sparse: "SpladeConfig | None" = None  # a sparse model's SpladePooling (models/sparse.py)
     late_interaction: bool = False      # a ColBERT folder in PyLate's layout
+    remote_code: tuple[str, ...] = ()   # the folder's own Python files run (--trust-remote-code)
     towers: "Towers | None" = None      # a multimodal model's text and image towers
     # Forward-pass costs measured in this process, by precision (actors/batch_cost.py).
     batch_costs: dict = field(default_factory=dict, repr=False, compare=False)
@@ -217,9 +219,12 @@ def resolve_device(device: str) -> torch.device:
 
 
 def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
-               dtype: str = "float32") -> LoadedModel:
+               dtype: str = "float32", trust_remote_code: bool = False) -> LoadedModel:
     """Load a model from a local folder, or a hub id through the Hugging Face cache, onto
-    `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16)."""
+    `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16). A folder
+    that names its own code (auto_map) loads only with `trust_remote_code`, else
+    RemoteCodeRefusedError (models/remote_code.py); transformers is told either way, so it
+    never asks on standard input."""
     from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM,
                               AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
@@ -228,10 +233,15 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     source = resolve_model_source(folder)
     path = source.path
+    trust = bool(trust_remote_code)
     multimodal = find_multimodal(path)
     if multimodal is not None:
+        # CLIP and SigLIP load with transformers' own classes; a folder naming code of its own
+        # is refused as any other is without the flag.
+        check_remote_code(multimodal.model_dir, trust)
         return _load_multimodal(source, multimodal, name, resolve_device(device), DTYPES[dtype])
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    remote_code = check_remote_code(path, trust)
+    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     architecture = (config.architectures or [type(config).__name__])[0]
     st = read_sentence_transformers_config(path) or SentenceTransformersConfig()
     kind = ModelKind.SPARSE if st.splade is not None else kind_of_architecture(architecture)
@@ -240,8 +250,9 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
               ModelKind.TOKEN_CLASSIFICATION: AutoModelForTokenClassification,
               ModelKind.SPARSE: AutoModelForMaskedLM}[kind]
     target = resolve_device(device)
-    module = loader.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype]).eval().to(target)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    module = loader.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype],
+                                    trust_remote_code=trust).eval().to(target)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     max_len = max_model_length(st.max_seq_length, getattr(tokenizer, "model_max_length", None),
                                getattr(config, "max_position_embeddings", None))
     id2label = {int(k): v for k, v in (config.id2label or {}).items()} if kind != ModelKind.ENCODER else {}
@@ -271,7 +282,7 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         token_head=per_token_head(module) if kind == ModelKind.SEQUENCE_CLASSIFICATION else None,
         takes_token_types="token_type_ids" in inspect.signature(module.forward).parameters,
         decoder=is_decoder_only(config),
-        sparse=st.splade, late_interaction=st.late_interaction,
+        sparse=st.splade, late_interaction=st.late_interaction, remote_code=remote_code,
     )
     _log_loaded(model, dtype, len(st.dense))
     return model

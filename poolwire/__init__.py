@@ -7,16 +7,22 @@ parts are `poolwire.actors` (runtime, actors, engine), `poolwire.kernels` (pooli
 `poolwire.schemas` (wire types); importing `poolwire` alone loads neither torch nor a model.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+# First, before any library that phones home is imported (poolwire/telemetry_off.py).
+from poolwire import telemetry_off
 
-from poolwire.client import PoolingClient, PoolingServiceError
-from poolwire.offline_errors import (DeadlineExceededError, InputTooLongError, InternalError,
+telemetry_off.apply()
+
+from importlib.metadata import PackageNotFoundError, version  # noqa: E402
+
+from poolwire.client import PoolingClient, PoolingServiceError  # noqa: E402
+from poolwire.offline_errors import (DeadlineExceededError,  # noqa: E402
+                                     InputTooLongError, InternalError,
                                      InvalidRequestError, OverloadedError, PayloadTooLargeError,
                                      PoolingDeprecationWarning, PoolingModelError,
                                      TaskNotConfiguredError, UnsupportedTaskError)
-from poolwire.pooler_config import PoolerConfig
-from poolwire.schemas.tasks import TASK_ORDER, Task
-from poolwire.settings import WorkerSettings
+from poolwire.pooler_config import PoolerConfig  # noqa: E402
+from poolwire.schemas.tasks import TASK_ORDER, Task  # noqa: E402
+from poolwire.settings import WorkerSettings  # noqa: E402
 
 try:
     __version__ = version("poolwire")

@@ -133,7 +133,27 @@ def _lag_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
+def refuse_remote_code(settings: WorkerSettings) -> str | None:
+    """A folder that names its own code, without --trust-remote-code: the one-line refusal,
+    decided from its files before torch and transformers are even imported (load_model checks
+    again, for every other caller)."""
+    from poolwire.models.model_source import resolve_model_source
+    from poolwire.models.remote_code import check_remote_code
+
+    if settings.model is None:  # the bundled MiniLM
+        return None
+    try:
+        check_remote_code(resolve_model_source(settings.model).path,
+                          settings.pooler_config.trust_remote_code)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 async def serve(settings: WorkerSettings) -> int:
+    if (refusal := refuse_remote_code(settings)) is not None:
+        print(f"poolwire: {refusal}", file=sys.stderr)
+        return EXIT_CONFIG
     from poolwire import kernels
     from poolwire.models.model import bundled_model_dir, load_model
     from poolwire.actors.nats_server import NatsServer
@@ -151,7 +171,11 @@ async def serve(settings: WorkerSettings) -> int:
         return EXIT_CONFIG
     try:
         model = load_model(settings.model or bundled_model_dir(), settings.model_name,
-                           settings.device, settings.dtype)
+                           settings.device, settings.dtype,
+                           trust_remote_code=settings.pooler_config.trust_remote_code)
+        if model.remote_code:
+            print(f"poolwire: --trust-remote-code: running the code of {model.path} "
+                  f"({', '.join(model.remote_code)})", flush=True)
         worker = Worker(settings, model)
     except (TaskConfigError, ValueError, OSError) as exc:
         print(f"poolwire: {exc}", file=sys.stderr)
@@ -219,9 +243,11 @@ async def serve(settings: WorkerSettings) -> int:
             print("poolwire: draining...", flush=True)
     finally:
         signalled.cancel()
-        await worker.stop(drain_timeout)
-        if server is not None:
-            server.stop()
+        try:
+            await worker.stop(drain_timeout)
+        finally:  # the embedded server is ours: it goes whatever the drain did
+            if server is not None:
+                server.stop()
     print("poolwire: stopped", flush=True)
     return code
 

@@ -74,6 +74,7 @@ class PoolingModel:
                  backend: str = "auto", precision: str = "exact", dtype: str = "float32",
                  max_batch_tokens: int = 8192, max_batch_size: int = 64,
                  max_added_padding: int = 16, state_dir: str | Path = ".poolwire",
+                 trust_remote_code: bool | None = None,
                  max_image_pixels: int = 89_478_485) -> None:
         from poolwire.actors.task_policy import TaskConfigError
         from poolwire.actors.validator import ModelLimits
@@ -87,8 +88,18 @@ class PoolingModel:
                             f"{type(pooler_config).__name__}: PoolerConfig(task=...)")
         if precision not in ("exact", "fast"):
             raise ValueError(f"precision {precision!r} is not one of exact, fast")
+        # vLLM's LLM(trust_remote_code=True), or PoolerConfig's field of the same name (as a
+        # worker's --pooler-config); both given must agree.
+        if trust_remote_code is not None and "trust_remote_code" in pooler_config.model_fields_set \
+                and bool(trust_remote_code) != pooler_config.trust_remote_code:
+            raise ValueError(f"trust_remote_code={trust_remote_code!r} and PoolerConfig("
+                             f"trust_remote_code={pooler_config.trust_remote_code!r}) disagree: "
+                             f"give one of them")
+        if trust_remote_code is not None:
+            pooler_config = pooler_config.model_copy(update={"trust_remote_code": bool(trust_remote_code)})
         self.pooler_config = pooler_config
-        self.model = load_model(model, None, device, dtype)
+        self.model = load_model(model, None, device, dtype,
+                                trust_remote_code=pooler_config.trust_remote_code)
         # The worker's own start-up rule (priority rule, --task checks) on PoolerConfig's fields.
         try:
             self.policy = task_policy_for(self.model, pooler_config)

@@ -46,6 +46,12 @@ class PoolerConfig(BaseModel):
     max_embed_len: int | None = Field(
         None, ge=1, description="with chunked processing, the longest embed input accepted, in "
                                 "tokens; default: 8 x the model's maximum length")
+    # Not a task-policy setting, but set wherever the task is (the CLI, POOLWIRE_*, --pooler-config
+    # JSON, PoolerConfig offline), so one place says what a deployment agreed to run.
+    trust_remote_code: bool = Field(
+        False, description="run the Python code a model folder names in its config.json or "
+                           "tokenizer_config.json (auto_map); off: such a folder is refused at "
+                           "start")
 
     @model_validator(mode="before")
     @classmethod

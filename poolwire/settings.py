@@ -62,9 +62,11 @@ class WorkerSettings(BaseSettings):
         False, description=PoolerConfig.model_fields["chunked_processing"].description)
     max_embed_len: int | None = Field(
         None, ge=1, description=PoolerConfig.model_fields["max_embed_len"].description)
+    trust_remote_code: CliImplicitFlag[bool] = Field(
+        False, description=PoolerConfig.model_fields["trust_remote_code"].description)
     pooler_config: PoolerConfig = Field(
         default_factory=PoolerConfig,
-        description="vLLM's names for the four options above: --pooler-config.task T, or a JSON "
+        description="vLLM's names for the five options above: --pooler-config.task T, or a JSON "
                     "object such as '{\"task\": \"embed\", \"max_embed_len\": 4096}' (also "
                     "POOLWIRE_POOLER_CONFIG); a value given both here and by its own option must "
                     "agree")
