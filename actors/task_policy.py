@@ -117,12 +117,16 @@ def score_uses_configured_task(kind: str, num_labels: int, configured: Task) -> 
     return kind == "sequence_classification" and num_labels == 1 and configured is Task.CLASSIFY
 
 
-def score_method(kind: str, num_labels: int, configured: Task) -> str | None:
-    """PROTOCOL.md 1.2 `score_method`: `cross-encoder` for a one-label classifier, `dot` for a
+def score_method(kind: str, num_labels: int, configured: Task,
+                 token_logits: bool = False) -> str | None:
+    """PROTOCOL.md 1.2 `score_method`: `cross-encoder` for a one-label classifier (1.3:
+    `token-logits` where it is a reranker scoring with its answer tokens' logits), `dot` for a
     sparse model, `maxsim` in an encoder's token_embed deployment (late interaction), else
     `cosine`; None where the model cannot score."""
     if kind == "sequence_classification":
-        return "cross-encoder" if num_labels == 1 else None
+        if num_labels != 1:
+            return None
+        return "token-logits" if token_logits else "cross-encoder"
     if kind == "sparse":
         return "dot"
     if kind == "encoder":

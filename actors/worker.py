@@ -49,7 +49,8 @@ def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
                       score_with_configured=score_uses_configured_task(
                           model.kind, model.num_labels, configured),
                       score_computed_with=score_task(model.kind) if Task.SCORE in supported else None,
-                      score_method=score_method(model.kind, model.num_labels, configured))
+                      score_method=score_method(model.kind, model.num_labels, configured,
+                                                model.prompt_template is not None))
 
 
 def _retrieval_metadata(model: LoadedModel, policy: TaskPolicy) -> dict[str, str]:

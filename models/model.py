@@ -21,6 +21,9 @@ from poolwire.models.remote_code import check_remote_code
 from poolwire.models.sparse import SpladeConfig  # noqa: F401 (the `sparse` field's type)
 from poolwire.models.st_folder import (SentenceTransformersConfig,  # noqa: F401 (re-exported)
                                        read_sentence_transformers_config)
+from poolwire.models.token_logits import (PromptTemplate, RerankerOption, answer_head,
+                                          chat_template_kwargs, parse_reranker_option,
+                                          read_logit_score, template_text, token_id)
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +77,29 @@ def is_decoder_only(config) -> bool:
 
 
 def default_pooling(st: SentenceTransformersConfig, config) -> str:
-    """The folder's Pooling module; without one, LAST for a decoder and CLS otherwise (vLLM's
-    defaults per architecture)."""
+    """The folder's Pooling module; without one, CLS for an encoder (vLLM's default). A decoder
+    without one is refused before this is asked (refuse_unsaid_decoder), so its LAST is what a
+    token-logit reranker or a classifier head reads, never an embedder's guess."""
     if st.pooling_method is not None:
         return st.pooling_method
     return "last" if is_decoder_only(config) else "cls"
+
+
+def refuse_unsaid_decoder(architecture: str, kind: str, st: SentenceTransformersConfig,
+                          decoder: bool) -> None:
+    """PROTOCOL.md 1.3: a decoder folder that says neither how to pool (a Sentence-Transformers
+    Pooling module) nor how to score (a LogitScore module, or --reranker) is refused in one
+    line naming both ways, never served as an embedder by guess."""
+    if decoder and kind == ModelKind.ENCODER and st.pooling_method is None \
+            and st.splade is None and not st.late_interaction:
+        raise ValueError(
+            f"{architecture} is a decoder language model and its folder says neither how to "
+            f"pool it nor how to score with it: to serve it as an embedder, add a "
+            f"Sentence-Transformers Pooling module (modules.json with a Pooling module, e.g. "
+            f"pooling_mode lasttoken, as Qwen3-Embedding ships); to serve it as a reranker "
+            f"that scores with token logits, pass its answer tokens and template, e.g. "
+            f"--reranker 'classifier_from_token=no,yes method=from_2_way_softmax "
+            f"template=qwen3-reranker' (docs/MODELS.md)")
 
 
 def activation_for(num_labels: int, problem_type: str | None, cross_encoder: str | None) -> str:
@@ -118,6 +139,10 @@ class LoadedModel:
     decoder: bool = False               # decoder-only (causal) language model
     sparse: "SpladeConfig | None" = None  # a sparse model's SpladePooling (models/sparse.py)
     late_interaction: bool = False      # a ColBERT folder in PyLate's layout
+    # A reranker scoring with token logits: the prompt template its pairs are rendered with
+    # (models/token_logits.py); its answer tokens are folded into token_head.
+    prompt_template: PromptTemplate | None = None
+    answer_tokens: tuple[int, ...] = ()  # (true,) or (true, false) token ids, where folded
     remote_code: tuple[str, ...] = ()   # the folder's own Python files run (--trust-remote-code)
     towers: "Towers | None" = None      # a multimodal model's text and image towers
     # Forward-pass costs measured in this process, by precision (actors/batch_cost.py).
@@ -147,7 +172,8 @@ class LoadedModel:
     def per_token_classifier(self) -> bool:
         """Whether a sequence classifier's head can be applied to every token (vLLM's
         token_classify on a classifier); see per_token_head for the architectures."""
-        return self.kind == ModelKind.SEQUENCE_CLASSIFICATION and self.token_head is not None
+        return (self.kind == ModelKind.SEQUENCE_CLASSIFICATION and self.token_head is not None
+                and self.prompt_template is None)
 
     def _inputs(self, input_ids, attention_mask, token_type_ids) -> dict:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -219,12 +245,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
-               dtype: str = "float32", trust_remote_code: bool = False) -> LoadedModel:
+               dtype: str = "float32", trust_remote_code: bool = False,
+               reranker: str | RerankerOption | None = None) -> LoadedModel:
     """Load a model from a local folder, or a hub id through the Hugging Face cache, onto
     `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16). A folder
     that names its own code (auto_map) loads only with `trust_remote_code`, else
     RemoteCodeRefusedError (models/remote_code.py); transformers is told either way, so it
-    never asks on standard input."""
+    never asks on standard input. `reranker`: the `--reranker` option of a reranker that scores
+    with token logits (models/token_logits.py)."""
     from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM,
                               AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
@@ -245,6 +273,14 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
     architecture = (config.architectures or [type(config).__name__])[0]
     st = read_sentence_transformers_config(path) or SentenceTransformersConfig()
     kind = ModelKind.SPARSE if st.splade is not None else kind_of_architecture(architecture)
+    option = parse_reranker_option(reranker) if isinstance(reranker, str) else reranker
+    logit_score = read_logit_score(path)
+    if option is None and logit_score is None:
+        refuse_unsaid_decoder(architecture, kind, st, is_decoder_only(config))
+    else:
+        return _load_token_logit_reranker(path, source, config, architecture, st, option,
+                                          logit_score, name, resolve_device(device), dtype,
+                                          trust, remote_code)
     loader = {ModelKind.ENCODER: AutoModel,
               ModelKind.SEQUENCE_CLASSIFICATION: AutoModelForSequenceClassification,
               ModelKind.TOKEN_CLASSIFICATION: AutoModelForTokenClassification,
@@ -317,4 +353,78 @@ def _load_multimodal(source, mm, name: str | None, device: torch.device,
         default_prompt_name=st.default_prompt_name if st else None,
         revision=source.revision, takes_token_types=False, towers=towers)
     _log_loaded(model, dtype, 0)
+    return model
+
+
+def _load_token_logit_reranker(path: Path, source, config, architecture: str,
+                               st: SentenceTransformersConfig, option: RerankerOption | None,
+                               logit_score: tuple[int, int | None] | None, name: str | None,
+                               target: torch.device, dtype: str, trust: bool,
+                               remote_code: tuple[str, ...]) -> LoadedModel:
+    """A reranker scoring with token logits (models/token_logits.py), as a one-label
+    classifier: the decoder, its answer tokens' LM-head rows folded into one Linear head, and
+    its prompt template. `--reranker` wins over the folder where both say something (the
+    option is the user's explicit choice); a one-label sequence-classification conversion
+    needs only the template."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
+    if option is not None:
+        template, kwargs, source_name = template_text(option.template), {}, option.template
+    else:
+        template, kwargs = getattr(tokenizer, "chat_template", None), chat_template_kwargs(path)
+        source_name = "the folder's chat template"
+        if not template:
+            raise ValueError(f"{path}: a LogitScore module but no chat template (chat_template.jinja) "
+                             f"to build its prompts with; add the model's template, or pass "
+                             f"--reranker template=... (docs/MODELS.md)")
+    converted = kind_of_architecture(architecture) == ModelKind.SEQUENCE_CLASSIFICATION
+    if converted and (getattr(config, "num_labels", 0) != 1 or (option and option.classifier_from_token)):
+        raise ValueError(f"{architecture} with {config.num_labels} labels: --reranker on a "
+                         f"sequence-classification folder takes only template=... (its head is "
+                         f"already the one-label score) and needs one label")
+    if not converted and not architecture.endswith("ForCausalLM"):
+        raise ValueError(f"--reranker needs a language model (*ForCausalLM) or a one-label "
+                         f"*ForSequenceClassification conversion; this folder is {architecture}")
+    if converted:
+        module = AutoModelForSequenceClassification.from_pretrained(
+            path, local_files_only=True, dtype=DTYPES[dtype], trust_remote_code=trust).eval().to(target)
+        head, answer = per_token_head(module), ()
+    else:
+        if option is not None:
+            if not option.classifier_from_token:
+                raise ValueError(f"{architecture} is a language model: --reranker needs its "
+                                 f"answer tokens, classifier_from_token=FALSE,TRUE (or TRUE) "
+                                 f"and method (docs/MODELS.md)")
+            ids = [token_id(tokenizer, t) for t in option.classifier_from_token]
+            true_id, false_id = (ids[1], ids[0]) if len(ids) == 2 else (ids[0], None)
+        else:
+            true_id, false_id = logit_score  # type: ignore[misc]
+        if getattr(config, "final_logit_softcapping", None):
+            # A soft-capped logit is not linear in the hidden state: the folded head would
+            # not be the model's score.
+            raise ValueError(f"{architecture} soft-caps its logits (final_logit_softcapping); "
+                             f"poolwire cannot fold its answer tokens into one head")
+        module = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=DTYPES[dtype], trust_remote_code=trust).eval().to(target)
+        head = answer_head(module.get_output_embeddings(), true_id, false_id)
+        # The vocabulary-wide LM head is never computed: drop it (and its memory, when untied).
+        module.set_output_embeddings(head)
+        answer = (true_id,) if false_id is None else (true_id, false_id)
+    max_len = max_model_length(st.max_seq_length, getattr(tokenizer, "model_max_length", None),
+                               getattr(config, "max_position_embeddings", None))
+    model = LoadedModel(
+        name=name or source.repo_id or path.name, path=path, architecture=architecture,
+        kind=ModelKind.SEQUENCE_CLASSIFICATION, module=module, tokenizer=tokenizer,
+        max_length=max_len, hidden_size=int(config.hidden_size), pooling_method="last",
+        normalize_default=False, id2label={0: "LABEL_0"},
+        activation_kind=activation_for(1, None, st.cross_encoder_activation),
+        revision=source.revision, token_head=head,
+        takes_token_types="token_type_ids" in inspect.signature(module.forward).parameters,
+        decoder=True, prompt_template=PromptTemplate(tokenizer, template, kwargs, source_name),
+        answer_tokens=answer, remote_code=remote_code)
+    log.info("loaded %s (%s) from %s, revision %s, on %s (%s): a reranker scoring with token "
+             "logits %s, template %s, max length %d, activation %s", model.name, architecture,
+             path, model.revision, target, dtype, answer or "(the folder's head)", source_name,
+             max_len, model.activation_kind)
     return model

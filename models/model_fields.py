@@ -22,15 +22,19 @@ class ModelFacts:
     matryoshka_dimensions: tuple[int, ...] | None = None
     cross_encoder_score: bool = False  # score is a one-label classifier, not cosine
     sparse: bool = False               # a sparse model (embed items are sparse vectors)
+    token_logits: bool = False         # a reranker scoring with token logits (PROTOCOL 1.3)
+    takes_instruction: bool = False    # its prompt template has an instruction
     images: bool = False               # a multimodal model: image elements are inputs (1.3)
 
     @classmethod
     def of(cls, model) -> "ModelFacts":
         from poolwire.models.task_heads import score_uses_cross_encoder
 
+        template = getattr(model, "prompt_template", None)
         return cls(model.name, model.embedding_size, dict(model.prompts),
                    model.matryoshka_dimensions, score_uses_cross_encoder(model),
-                   getattr(model, "sparse", None) is not None,
+                   getattr(model, "sparse", None) is not None, template is not None,
+                   template is not None and template.takes_instruction,
                    getattr(model, "towers", None) is not None)
 
 
@@ -49,6 +53,7 @@ def check_model_fields(task: Task, request: PoolingRequest, facts: ModelFacts) -
                       f"{request.use_activation} disagree: on {task} use_activation means "
                       f"normalize; send one of them", field="use_activation")
     _check_prompt(task, request, facts)
+    _check_instruction(request, facts)
     if request.aggregation not in (None, "none") and _has_token_ids(request.input):
         raise invalid(f"aggregation {request.aggregation!r} groups entities by their text, and "
                       f"this input is token ids: send the texts, or aggregation \"none\"",
@@ -78,6 +83,19 @@ def _check_dimensions(request: PoolingRequest, facts: ModelFacts) -> None:
     if allowed and d not in allowed:
         raise invalid(f"dimensions {d} is not one of the Matryoshka sizes {facts.name} declares: "
                       f"{', '.join(map(str, allowed))}", field="dimensions")
+
+
+def _check_instruction(request: PoolingRequest, facts: ModelFacts) -> None:
+    """PROTOCOL.md 1.3: `instruction` only on a token-logit reranker whose template has one."""
+    if request.instruction is None:
+        return
+    if not facts.token_logits:
+        raise invalid(f"instruction is the task description of a reranker that scores with "
+                      f"token logits (Qwen3-Reranker, mxbai-rerank v2); {facts.name} is not "
+                      f"one: leave it out", field="instruction")
+    if not facts.takes_instruction:
+        raise invalid(f"instruction: the prompt template of {facts.name} has no instruction; "
+                      f"leave it out", field="instruction")
 
 
 def _check_prompt(task: Task, request: PoolingRequest, facts: ModelFacts) -> None:

@@ -138,6 +138,8 @@ def cache_key(model: LoadedModel, forward: str, ov_version: str) -> str:
     parts = {"files": folder_digest(model.path), "dtype": str(model.dtype), "forward": forward,
              "poolwire": __version__, "transformers": transformers.__version__,
              "openvino": ov_version}
+    if model.answer_tokens:  # a token-logit reranker's head: --reranker's tokens, not the files'
+        parts["answer_tokens"] = list(model.answer_tokens)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 

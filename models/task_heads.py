@@ -35,6 +35,7 @@ class ScoreMethod:
     MAXSIM = "maxsim"               # late interaction over the two texts' token_embed rows
     DOT = "dot"                     # of the two sparse vectors
     CROSS_ENCODER = "cross-encoder"  # a one-label classifier on the pair
+    TOKEN_LOGITS = "token-logits"    # a one-label classifier on the pair's prompt template
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ def score_uses_cross_encoder(model: LoadedModel) -> bool:
 def default_score_method(model: LoadedModel) -> str:
     """The score of a deployment configured for embed (or classify): what the model's kind
     gives; a token_embed deployment passes ScoreMethod.MAXSIM instead (actors/task_policy.py)."""
+    if model.prompt_template is not None:
+        return ScoreMethod.TOKEN_LOGITS
     if score_uses_cross_encoder(model):
         return ScoreMethod.CROSS_ENCODER
     return ScoreMethod.DOT if model.sparse is not None else ScoreMethod.COSINE
@@ -179,6 +182,17 @@ def _bi_encoder_spec(method: str, model: LoadedModel) -> PoolSpec:
     return PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=True)
 
 
+def _pair_sequences(request: PoolingRequest, model: LoadedModel, tokenizing: Tokenizing,
+                    first: list[str], second: list[str]):
+    """A cross-encoder's pairs: the tokenizer's text pair, or a token-logit reranker's prompt
+    template (whose tokens count in usage as any pair's do)."""
+    cut, side = request.truncate_prompt_tokens, request.truncation_side
+    if model.prompt_template is not None:
+        return model.prompt_template.pairs(first, second, request.instruction, cut, side,
+                                           tokenizing.max_length)
+    return tokenizing.pairs(first, second, cut, side)
+
+
 def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokenizing,
                  method: str, prompt: str) -> TaskPlan:
     """One query against its documents: a cross-encoder reads every (query, document) pair;
@@ -186,8 +200,8 @@ def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokeni
     cut, side = request.truncate_prompt_tokens, request.truncation_side
     docs = list(request.documents)
     rerank = Rerank(request.top_n, tuple(docs) if request.return_documents else None)
-    if method == ScoreMethod.CROSS_ENCODER:
-        seqs = tokenizing.pairs([request.query] * len(docs), docs, cut, side)
+    if method in (ScoreMethod.CROSS_ENCODER, ScoreMethod.TOKEN_LOGITS):
+        seqs = _pair_sequences(request, model, tokenizing, [request.query] * len(docs), docs)
         return TaskPlan(seqs, PoolSpec(Forward.SEQ_LOGITS,
                                        activation=_activation(model, request.use_activation)),
                         rerank=rerank)
@@ -220,8 +234,8 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
         if request.query is not None:
             return _plan_rerank(request, model, tokenizing, method, prompt)
         first, second = _score_pairs(request.text_1, request.text_2)
-        if method == ScoreMethod.CROSS_ENCODER:
-            seqs = tokenizing.pairs(first, second, cut, side)
+        if method in (ScoreMethod.CROSS_ENCODER, ScoreMethod.TOKEN_LOGITS):
+            seqs = _pair_sequences(request, model, tokenizing, first, second)
             return TaskPlan(seqs, PoolSpec(Forward.SEQ_LOGITS,
                                            activation=_activation(model, request.use_activation)))
         # Bi-encoder: embed each distinct text once (the prompt on both sides), then the

@@ -74,7 +74,7 @@ class PoolingModel:
                  backend: str = "auto", precision: str = "exact", dtype: str = "float32",
                  max_batch_tokens: int = 8192, max_batch_size: int = 64,
                  max_added_padding: int = 16, state_dir: str | Path = ".poolwire",
-                 trust_remote_code: bool | None = None,
+                 trust_remote_code: bool | None = None, reranker: str | None = None,
                  max_image_pixels: int = 89_478_485) -> None:
         from poolwire.actors.task_policy import TaskConfigError
         from poolwire.actors.validator import ModelLimits
@@ -99,7 +99,8 @@ class PoolingModel:
             pooler_config = pooler_config.model_copy(update={"trust_remote_code": bool(trust_remote_code)})
         self.pooler_config = pooler_config
         self.model = load_model(model, None, device, dtype,
-                                trust_remote_code=pooler_config.trust_remote_code)
+                                trust_remote_code=pooler_config.trust_remote_code,
+                                reranker=reranker)
         # The worker's own start-up rule (priority rule, --task checks) on PoolerConfig's fields.
         try:
             self.policy = task_policy_for(self.model, pooler_config)

@@ -46,6 +46,12 @@ class WorkerSettings(BaseSettings):
         "exact", description="exact: the weights' own dtype; fast: float32 weights under bfloat16 "
                              "autocast (CPUs with native bfloat16, else float32) or float16 "
                              "autocast (CUDA)")
+    reranker: str | None = Field(
+        None, description="serve a decoder language model as a reranker that scores with token "
+                          "logits (vLLM's hf-overrides names): 'classifier_from_token=no,yes "
+                          "method=from_2_way_softmax template=qwen3-reranker'; template is "
+                          "qwen3-reranker, mxbai-rerank-v2, bge-reranker-gemma or a .jinja file "
+                          "(docs/MODELS.md)")
     backend: Literal["auto", "torch", "openvino"] = Field(
         "auto", description="what computes the model: openvino (CPU), torch, or auto: OpenVINO "
                             "on a CPU where it is installed, converts the model and gives "

@@ -69,6 +69,9 @@ class PoolingRequest(BaseModel):
         None, description="score, rerank form: each item also carries `document`, the text")
     max_active_dims: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
         None, description="embed on a sparse model: keep only the k largest weights of each item")
+    instruction: StrictStr | None = Field(
+        None, description="score on a reranker scoring with token logits: the task description "
+                          "its template puts before the query; default: the template's own")
     cache: StrictBool = Field(
         True, description="false: neither read nor write the worker's result cache for this "
                           "request (no effect where no cache is configured)")
@@ -91,7 +94,7 @@ TASK_FIELDS: dict[Task, frozenset[str]] = {
     Task.CLASSIFY: frozenset({"input", "use_activation"}),
     Task.TOKEN_CLASSIFY: frozenset({"input", "use_activation", "return_tokens", "aggregation"}),
     Task.SCORE: frozenset({"text_1", "text_2", "use_activation", "prompt_name", "prompt",
-                           *RERANK_FIELDS}),
+                           "instruction", *RERANK_FIELDS}),
 }
 REQUIRED_FIELDS: dict[Task, tuple[str, ...]] = {
     Task.EMBED: ("input",),

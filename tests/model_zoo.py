@@ -83,6 +83,22 @@ def _sentence_transformer(folder: Path, base: Path, pooling: str, dense: int | N
     return folder
 
 
+def _pooling_modules(folder: Path, mode: str) -> Path:
+    """A plain transformers folder given the modules.json a Sentence-Transformers folder states
+    its pooling with (Transformer at the root, Pooling, Normalize), written by hand as
+    Qwen3-Embedding's are: the weights stay the CausalLM's own."""
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"}]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode": mode}))
+    (folder / "2_Normalize").mkdir()
+    return folder
+
+
 def _cross_encoder(folder: Path, base: Path, activation: torch.nn.Module | None) -> Path:
     from sentence_transformers import CrossEncoder
 
@@ -182,8 +198,11 @@ def build_zoo(root: Path, tokenizer_dir: Path) -> dict[str, Path]:
     base = _save_hf(root / "_qwen3", Qwen3Model(_qwen3()), tokenizer_dir, padding_side="left")
     zoo["qwen3_st"] = _sentence_transformer(root / "qwen3-st", base, "lasttoken", None, True)
     seeded(14)
-    # As decoder embedders often ship (Qwen3-Embedding's config names Qwen3ForCausalLM).
-    zoo["qwen3_plain"] = _save_hf(root / "qwen3-plain", Qwen3ForCausalLM(_qwen3()), tokenizer_dir)
+    # As decoder embedders often ship (Qwen3-Embedding's config names Qwen3ForCausalLM, and
+    # its modules.json says last-token pooling and Normalize; without them such a folder is
+    # refused, PROTOCOL 1.3).
+    zoo["qwen3_plain"] = _pooling_modules(_save_hf(root / "qwen3-plain", Qwen3ForCausalLM(_qwen3()),
+                                                   tokenizer_dir), "lasttoken")
 
     seeded(15)
     # No pad_token_id, as in many decoder configs: transformers itself then refuses batches.
@@ -235,3 +254,123 @@ def build_zoo(root: Path, tokenizer_dir: Path) -> dict[str, Path]:
     zoo["splade_max"] = sparse_encoder(root / "splade-max", base, "max", "relu")
     zoo["splade_sum"] = sparse_encoder(root / "splade-sum", base, "sum", "log1p_relu")
     return zoo
+
+
+# ---- PROTOCOL 1.3: rerankers that score with token logits (issue 27) ----
+
+RERANK_TEXTS = ["where is the station", "the station is north of the river", "a red car",
+                "Which planet is largest?", "Jupiter is the largest planet.", "Paris is in France.",
+                "Judge the fit of a passage", "find passages about trains"]
+# The option each original hub folder is served with (docs/MODELS.md).
+RERANKER_OPTIONS = {
+    "qwen3_reranker": "classifier_from_token=no,yes method=from_2_way_softmax template=qwen3-reranker",
+    "qwen3_reranker_seq": "template=qwen3-reranker",
+    "mxbai_rerank_v2": "classifier_from_token=0,1 method=from_2_way_softmax template=mxbai-rerank-v2",
+    "bge_reranker_gemma": "classifier_from_token=Yes method=no_post_processing template=bge-reranker-gemma",
+}
+_QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>"]
+
+
+def reranker_tokenizer(folder: Path, family: str, chat_template: str | None = None):
+    """A tiny tokenizer holding the answer tokens as single tokens and the family's special
+    tokens (MiniLM's lowercasing WordPiece has no "Yes", no <|im_start|>), saved as
+    tokenizer.json: for Qwen a byte-level BPE trained here on the templates and test texts (as
+    the hub ships Qwen's, which transformers loads as Qwen2Tokenizer for a qwen2 config), for
+    Gemma a word-level one where words and every other character are tokens of their own."""
+    from tokenizers import Regex, Tokenizer, decoders, models as tk_models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from poolwire.models.reranker_templates import TEMPLATES
+
+    corpus = list(TEMPLATES.values()) + RERANK_TEXTS + \
+        ["yes no 0 1 Yes No <think> </think> first instruction second one 2 3 4"] * 20
+    if family == "gemma":
+        specials = _GEMMA_SPECIALS
+        splitter = pre_tokenizers.Split(Regex(r"\w+|[^\w]"), behavior="isolated")
+        words = sorted({piece for text in corpus for piece, _ in splitter.pre_tokenize_str(text)})
+        vocab = {tok: i for i, tok in enumerate(["<unk>"] + specials + words)}
+        tok = Tokenizer(tk_models.WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = splitter
+        tok.add_special_tokens(specials)
+        extra = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                 "unk_token": "<unk>"}
+    else:
+        specials = _QWEN_SPECIALS
+        tok = Tokenizer(tk_models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(corpus, trainers.BpeTrainer(
+            vocab_size=700, special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        extra = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=512,
+                                   chat_template=chat_template, **extra)
+    fast.save_pretrained(folder)
+    return fast
+
+
+# Qwen's general chat template, as the hub's Qwen3-Reranker folder ships one: not the
+# reranker's prompt, which is why such a folder needs --reranker template=...
+_CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_llm_rerankers(root: Path) -> dict[str, Path]:
+    """Qwen3-Reranker (the hub's Qwen3ForCausalLM folder; the same weights as a
+    Sentence-Transformers 6 CrossEncoder folder with LogitScore and its chat template; vLLM's
+    sequence-classification conversion), mxbai-rerank v2 (Qwen2, untied LM head) and
+    bge-reranker-v2-gemma (Gemma): tiny, seeded, saved as the hub ships them."""
+    from sentence_transformers import CrossEncoder
+    from transformers import (GemmaConfig, GemmaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+    from poolwire.models.reranker_templates import QWEN3_RERANKER
+
+    out: dict[str, Path] = {}
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=16, intermediate_size=64,
+                 max_position_embeddings=512)
+
+    folder = root / "qwen3-reranker"
+    tok = reranker_tokenizer(folder, "qwen", _CHATML)
+    torch.manual_seed(51)
+    lm = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), tie_word_embeddings=True,
+                                      pad_token_id=tok.pad_token_id, **small)).eval()
+    lm.save_pretrained(folder)
+    out["qwen3_reranker"] = folder
+
+    st = root / "qwen3-reranker-st"
+    shutil.copytree(folder, st)
+    (st / "chat_template.jinja").write_text(QWEN3_RERANKER)
+    CrossEncoder(str(st), device="cpu").save(str(st))  # its own modules: Transformer + LogitScore
+    out["qwen3_reranker_st"] = st
+
+    seq = root / "qwen3-reranker-seq"
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    conv = Qwen3ForSequenceClassification(Qwen3Config(
+        vocab_size=len(tok), pad_token_id=tok.pad_token_id, **_labels(1), **small)).eval()
+    conv.model.load_state_dict(lm.model.state_dict())
+    with torch.no_grad():  # vLLM's convert_model_to_seq_cls.py, from_2_way_softmax
+        weight = lm.get_output_embeddings().weight
+        conv.score.weight.copy_((weight[yes] - weight[no])[None])
+    conv.save_pretrained(seq)
+    reranker_tokenizer(seq, "qwen", _CHATML)
+    out["qwen3_reranker_seq"] = seq
+
+    folder = root / "mxbai-rerank-v2"
+    tok = reranker_tokenizer(folder, "qwen", _CHATML)
+    torch.manual_seed(52)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), tie_word_embeddings=False,
+                                 pad_token_id=tok.pad_token_id,
+                                 **{k: v for k, v in small.items() if k != "head_dim"})
+                     ).eval().save_pretrained(folder)
+    out["mxbai_rerank_v2"] = folder
+
+    folder = root / "bge-reranker-v2-gemma"
+    tok = reranker_tokenizer(folder, "gemma")
+    torch.manual_seed(53)
+    GemmaForCausalLM(GemmaConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                 **small)).eval().save_pretrained(folder)
+    out["bge_reranker_gemma"] = folder
+    return out

@@ -123,6 +123,8 @@ def command_problems(page: Path, text: str, options: dict[str, set[str]],
     problems = []
     commands, _ = split(text)
     for line in commands:
+        if line.lstrip().startswith("poolwire:"):
+            continue  # what a worker prints ("poolwire: ..."), not a command to check
         line = _COMMENT.sub("", line)
         for target in _MAKE.findall(line):
             if target not in targets:

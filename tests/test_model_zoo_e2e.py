@@ -132,9 +132,11 @@ async def test_prompts_dimensions_and_use_activation(zoo, zoo_dirs, start_worker
     assert words == [t.removeprefix("##") for t in item["tokens"][prompt_len:-1]]
 
 
-async def test_a_decoder_folder_without_sentence_transformers_config_pools_its_last_token(
+async def test_a_causal_lm_folder_whose_modules_say_last_token_pooling_embeds_with_it(
         zoo, zoo_dirs, start_worker, nc, prefix):
-    """vLLM's default for decoders (LAST), normalised (no Sentence-Transformers folder)."""
+    """A Qwen3ForCausalLM folder with Qwen3-Embedding's modules.json (last-token Pooling,
+    Normalize): the decoder's last hidden state, normalised. Without those modules the folder
+    is refused (tests/test_llm_rerankers_e2e.py)."""
     from transformers import Qwen3ForCausalLM
 
     model = zoo("qwen3_plain")
