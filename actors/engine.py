@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 
 def _item(value):
-    """An item's value for framing: an array, or a sparse model's SparseVector as it is."""
-    return value if isinstance(value, SparseVector) else np.asarray(value)
+    """An item's value for framing: an array, or as it is a sparse model's SparseVector and a
+    BGE-M3 item's map of outputs."""
+    return value if isinstance(value, (SparseVector, dict)) else np.asarray(value)
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,13 @@ class EngineActor(Actor):
                  publish_event=None, stats: StageStats | None = None,
                  mailbox_size: int = 4096, metrics: WorkerMetrics | None = None,
                  backend: Backend | None = None, score_method: str | None = None,
-                 tracing: Tracing = OFF, cache=None, images=None) -> None:
+                 tracing: Tracing = OFF, cache=None,
+                 hybrid_weights: tuple[float, float, float] | None = None,
+                 images=None) -> None:
         super().__init__(mailbox_size)
         self._images = images  # an ImageIntake on a multimodal model, else None
         self.score_method = score_method  # None: the model's own (task_heads.default_score_method)
+        self.hybrid_weights = hybrid_weights  # BGE-M3's hybrid score (None: the model card's)
         self._tracing = tracing
         self._cache = cache  # a ResultCache, or None
         # How the model is computed is the backend's business (models/backend.py); the engine
@@ -258,9 +262,11 @@ class EngineActor(Actor):
         if cached is not None:
             await self._cached_items(flight, cached)  # before any computed item can finish it
         for i, seq in enumerate(plan.sequences):
-            # A micro-batch needs one forward pass: one modality on a multimodal model.
-            forward = plan.spec_for(i).forward
-            group = f"{forward}#{job.request_id}" if job.solo else forward
+            # The group keeps batches to one forward kind and one adapter (PROTOCOL 1.3: requests
+            # with different adapters never share a forward pass), so one modality on a
+            # multimodal model.
+            kind = plan.spec_for(i).group
+            group = f"{kind}#{job.request_id}" if job.solo else kind
             item = QueuedItem(tokens=len(seq), priority=request.priority, deadline=job.deadline,
                               group=group, payload=(flight, i))
             flight.queued.append(item)
@@ -294,7 +300,7 @@ class EngineActor(Actor):
     def _plan(self, job: Job, request, images: dict | None = None) -> TaskPlan:
         return plan_task(job.task, request, self.model, self._tokenizing,
                          score_method=self.score_method, max_embed_len=self.limits.max_embed_len,
-                         images=images)
+                         hybrid_weights=self.hybrid_weights, images=images)
 
     def _admit(self, plan: TaskPlan) -> None:
         tokens = sum(len(s) for s in plan.sequences)

@@ -41,21 +41,34 @@ def wire_item(index: int, values: np.ndarray, style: ReplyStyle,
     """One item (or a slice of token rows) as PROTOCOL.md shapes it; `extras` (tokens,
     offsets, entities) are added as they are."""
     item: dict[str, Any] = {"index": index}
-    if isinstance(values, SparseVector):
-        item.update(_sparse_wire(values, style))
-    elif style.binary:
-        if style.dtype == "bfloat16":
-            raw = _bfloat16_bytes(values)
-        else:
-            raw = values.astype("<f2" if style.dtype == "float16" else "<f4").tobytes()
-        item.update(dtype=style.dtype, shape=list(values.shape), bytes=raw)
+    if isinstance(values, dict):
+        # PROTOCOL 1.3, several outputs: `data` maps each output asked to its own form; in
+        # binary each is its kind's binary item without `index`.
+        item["data"] = {name: _value_wire(value, style) for name, value in values.items()}
     else:
-        item["data"] = values.item() if values.ndim == 0 else values.tolist()
+        item.update(_value_wire(values, style, key=True))
     if offset is not None:
         item["offset"] = offset
     if extras:
         item.update(extras)
     return item
+
+
+def _value_wire(values, style: ReplyStyle, key: bool = False):
+    """One value's wire form: `{data: ...}` (key) or the bare data in float encoding, the
+    `{dtype, shape, bytes}` map in binary."""
+    if isinstance(values, SparseVector):
+        wire = _sparse_wire(values, style)
+        return wire if key or style.binary else wire["data"]
+    values = np.asarray(values)
+    if style.binary:
+        if style.dtype == "bfloat16":
+            raw = _bfloat16_bytes(values)
+        else:
+            raw = values.astype("<f2" if style.dtype == "float16" else "<f4").tobytes()
+        return {"dtype": style.dtype, "shape": list(values.shape), "bytes": raw}
+    data = values.item() if values.ndim == 0 else values.tolist()
+    return {"data": data} if key else data
 
 
 def _sparse_wire(values: SparseVector, style: ReplyStyle) -> dict[str, Any]:

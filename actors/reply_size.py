@@ -172,16 +172,46 @@ def reply_room(job, max_payload: int) -> tuple[int, dict[str, str] | None]:
     return max_payload - reserve.body_bytes, {**(job.headers or {}), **reserve.headers}
 
 
+# Bytes a BGE-M3 item's map adds for its keys, beyond the items it is estimated as.
+OUTPUTS_MAP_BYTES = 64
+
+
+def several_outputs(task: Task, request) -> bool:
+    """An embed item that is a map of BGE-M3's outputs (PROTOCOL 1.3), not a plain vector."""
+    return task is Task.EMBED and request.outputs is not None and list(request.outputs) != ["dense"]
+
+
+def outputs_shapes(request, model, token_counts: list[int]) -> list[list[tuple[int, ...]]]:
+    """Per item, shapes whose float or binary items bound each output's: the dense vector,
+    the lexical weights as 2k + 8 values (k <= the item's tokens: one weight per distinct id),
+    the multi-vector rows (one per token but the first)."""
+    width = request.dimensions or model.embedding_size
+    colbert = model.m3.colbert_size if getattr(model, "m3", None) is not None else width
+    out = []
+    for tokens in token_counts:
+        parts = {"dense": (width,), "sparse": (2 * tokens + 8,),
+                 "multi_vector": (max(tokens - 1, 0), colbert)}
+        out.append([parts[name] for name in request.outputs])
+    return out
+
+
 def check_reply_fits(job, plan, model, max_payload: int) -> None:
     """Raise payload_too_large when the one-message reply of `job` (a messages.Job) cannot fit.
-    Sequence-level tasks are judged before tokenizing (`plan` None), token-level tasks once
-    their TaskPlan gives the token counts; each call ignores the other kind, and streams."""
+    Sequence-level tasks are judged before tokenizing (`plan` None), token-level tasks (and
+    BGE-M3's maps, sized by their tokens) once their TaskPlan gives the token counts; each call
+    ignores the other kind, and streams."""
     request, task = job.request, job.task
-    if request.stream or (plan is not None) != (task in TOKEN_LEVEL_TASKS):
+    by_tokens = task in TOKEN_LEVEL_TASKS or several_outputs(task, request)
+    if request.stream or (plan is not None) != by_tokens:
         return
     width = (request.dimensions or model.embedding_size
              if task in (Task.EMBED, Task.TOKEN_EMBED) else model.num_labels)
-    if plan is not None:
+    per_item = 0
+    if plan is not None and several_outputs(task, request):
+        groups = outputs_shapes(request, model, [len(s) for s in plan.sequences])
+        shapes = [shape for group in groups for shape in group]
+        per_item = OUTPUTS_MAP_BYTES * len(groups)
+    elif plan is not None:
         shapes = item_shapes(task, plan.n_items, width, [len(s) for s in plan.sequences])
     else:
         shapes = item_shapes(task, request_items(task, request), width)
@@ -197,7 +227,8 @@ def check_reply_fits(job, plan, model, max_payload: int) -> None:
             max_payload=room, header_bytes=header_bytes(headers),
             labels=model.labels if task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY) else None,
             warnings=list(job.warnings) or None)
-        return replace(found, bytes=found.bytes + documents) if documents else found
+        extra = documents + per_item
+        return replace(found, bytes=found.bytes + extra) if extra else found
 
     binary = request.encoding_format == "binary"
     if task is Task.EMBED and getattr(model, "sparse", None) is not None:

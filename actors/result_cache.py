@@ -244,6 +244,8 @@ class ResultCache:
         (its task, `cache: false`, or the bucket is away: then it is computed as usual)."""
         if task not in CACHED_TASKS or request.input is None:
             return None
+        if request.outputs is not None and list(request.outputs) != ["dense"]:
+            return None  # a map of BGE-M3's outputs is not one array: computed every time
         items, batch = items_of(request)
         if not request.cache:
             self.bypassed += len(items)

@@ -21,6 +21,7 @@ from poolwire.actors.durable_intakes import pipeline_spec, start_intakes
 from poolwire.actors.events import EventPublisher, ensure_events_stream
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.metrics import QueueGauges, WorkerMetrics
+from poolwire.models.m3 import DEFAULT_HYBRID_WEIGHTS, SCORE_METHODS as M3_SCORE_METHODS
 from poolwire.models.model import LoadedModel
 from poolwire.models.backend_choice import build_backend
 from poolwire.models.model_fields import ModelFacts
@@ -41,16 +42,28 @@ log = logging.getLogger(__name__)
 
 
 def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
-    """Settle the configured task at start; raises TaskConfigError listing supported tasks."""
+    """Settle the configured task at start; raises TaskConfigError listing supported tasks,
+    ValueError for a `--score-method` the model has no outputs for."""
     supported = supported_tasks(model.kind, model.num_labels, model.per_token_classifier)
     configured = configured_task(model.architecture, supported, settings.task)
+    method = score_method(model.kind, model.num_labels, configured,
+                          model.prompt_template is not None)
+    asked = getattr(settings, "score_method", None)
+    if model.m3 is not None and Task.SCORE in supported:
+        # PROTOCOL 1.3: BGE-M3 scores with the output --score-method names; a token_embed
+        # deployment's default is its multi-vector rows, as for any late-interaction model.
+        method = M3_SCORE_METHODS[asked or ("multi_vector" if configured is Task.TOKEN_EMBED
+                                            else "dense")]
+    elif asked is not None:
+        raise ValueError(f"--score-method {asked} picks one of the outputs of a model with "
+                         f"several (BGE-M3); {model.name} has one ({', '.join(model.outputs)}): "
+                         f"leave --score-method out")
     return TaskPolicy(configured=configured, supported=tuple(supported),
                       multitask=settings.multitask,
                       score_with_configured=score_uses_configured_task(
                           model.kind, model.num_labels, configured),
                       score_computed_with=score_task(model.kind) if Task.SCORE in supported else None,
-                      score_method=score_method(model.kind, model.num_labels, configured,
-                                                model.prompt_template is not None))
+                      score_method=method)
 
 
 def _retrieval_metadata(model: LoadedModel, policy: TaskPolicy) -> dict[str, str]:
@@ -61,6 +74,20 @@ def _retrieval_metadata(model: LoadedModel, policy: TaskPolicy) -> dict[str, str
         out["embedding_kind"] = kind
     if policy.score_method is not None and Task.SCORE in policy.supported:
         out["score_method"] = policy.score_method
+    return out
+
+
+def model_metadata(model: LoadedModel, policy: TaskPolicy,
+                   hybrid_weights: tuple[float, float, float] | None) -> dict[str, str]:
+    """PROTOCOL.md 1.3: `outputs` on a multi-output model, `hybrid_weights` when it scores
+    hybrid, `adapters` where the deployment has any."""
+    out = _retrieval_metadata(model, policy)
+    if model.m3 is not None:
+        out["outputs"] = ",".join(model.outputs)
+        if policy.score_method == "hybrid":
+            out["hybrid_weights"] = ",".join(f"{w:g}" for w in hybrid_weights or DEFAULT_HYBRID_WEIGHTS)
+    if model.adapter_names:
+        out["adapters"] = ",".join(model.adapter_names)
     return out
 
 
@@ -148,6 +175,7 @@ class Worker:
             max_queued_tokens=s.max_queued_tokens, max_embed_len=self.max_embed_len), self.events,
             self.stats, metrics=self.metrics, backend=self.backend,
             score_method=self.policy.score_method, tracing=self.tracing, cache=self.cache,
+            hybrid_weights=s.hybrid,
             images=(ImageIntake(self.model.towers, s.max_image_pixels, self.nc)
                     if self.model.towers is not None else None))
         self.validator = ValidatorActor(
@@ -229,7 +257,7 @@ class Worker:
                 "precision": self.precision.served,  # "exact" or "fast", as served
                 "backend": self.backend.name,
                 "modalities": "text,image" if model.towers is not None else "text",
-                **_retrieval_metadata(model, policy)}
+                **model_metadata(model, policy, s.hybrid)}
 
     def _start_metrics(self) -> None:
         engine = self.engine

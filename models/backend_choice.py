@@ -157,6 +157,17 @@ def build_backend(requested: str, model: LoadedModel, precision: str, weights_dt
     docstring); raises BackendError where `openvino` was asked for and cannot serve."""
     from poolwire.models.openvino_backend import OpenVinoUnavailable
 
+    if model.adapters is not None and requested != "torch":
+        # An OpenVINO model is compiled once, with the base weights; PEFT switches LoRA
+        # adapters per batch inside the torch module.
+        why = (f"the LoRA adapters ({', '.join(model.adapter_names)}) are applied by PEFT on "
+               f"torch, and OpenVINO compiles the base model only")
+        if requested == "openvino":
+            raise BackendError(f"--backend openvino cannot serve: {why}; pass --backend torch "
+                               f"or auto, or leave the adapters out")
+        reason = f"auto chose torch: {why}"
+        log.warning("--backend %s: %s", requested, reason)
+        return TorchBackend(model, precision_for(precision, model.device, weights_dtype), reason)
     plan = plan_backend(requested, str(model.device), weights_dtype,
                         _openvino_missing() if requested != "torch" else None)
     reason = plan.reason

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from poolwire import kernels
+from poolwire.models import m3
 from poolwire.models.backend import Backend
 from poolwire.models.model import LoadedModel
 from poolwire.models.sparse import sparse_items
@@ -45,9 +46,9 @@ class BatchResult:
 def run_batch(backend: Backend, seqs: list[TokenSeq], specs: list[PoolSpec]) -> BatchResult:
     """Pad, have the backend run the model once, pool every sequence as its spec says (the
     pooling kernels accumulate in float32 whatever the outputs' dtype)."""
-    forward = specs[0].forward
-    if any(s.forward != forward for s in specs):
-        raise ValueError("a micro-batch must need one kind of forward pass")
+    forward, adapter = specs[0].forward, specs[0].adapter
+    if any(s.forward != forward or s.adapter != adapter for s in specs):
+        raise ValueError("a micro-batch must need one kind of forward pass and one adapter")
     if forward in (Forward.TEXT_FEATURES, Forward.IMAGE_FEATURES):
         from poolwire.models.multimodal_forward import run_towers
 
@@ -57,7 +58,14 @@ def run_batch(backend: Backend, seqs: list[TokenSeq], specs: list[PoolSpec]) -> 
     pad_id = model.tokenizer.pad_token_id or 0
     ids, mask, types, lengths = (t.to(backend.device, non_blocking=True)
                                  for t in pad_batch(seqs, pad_id))
-    out = backend.run(forward, ids, mask, types)
+    if model.adapters is None:
+        out = backend.run(forward, ids, mask, types)
+    else:
+        # PEFT's LoRA layers live inside the module the backend runs (only torch serves
+        # adapters: backend_choice.py), so the adapter is chosen around the call and the
+        # Backend interface stays the same for every backend.
+        with model.adapters.scope(adapter):
+            out = backend.run(forward, ids, mask, types)
     forwarded = time.perf_counter()
     with torch.inference_mode():
         results: list[np.ndarray | None] = [None] * len(seqs)
@@ -70,13 +78,18 @@ def run_batch(backend: Backend, seqs: list[TokenSeq], specs: list[PoolSpec]) -> 
             else:
                 index = torch.tensor(rows, device=out.device)
                 part, part_len = out.index_select(0, index), lengths.index_select(0, index)
-            for row, value in zip(rows, _pool(model, spec, part, part_len)):
+            part_ids = ids if len(rows) == len(seqs) else ids.index_select(0, index)
+            for row, value in zip(rows, _pool(model, spec, part, part_len, part_ids)):
                 results[row] = value
     return BatchResult(results, forwarded - started, time.perf_counter() - forwarded)  # type: ignore[arg-type]
 
 
 def _pool(model: LoadedModel, spec: PoolSpec, out: torch.Tensor,
-          lengths: torch.Tensor) -> list[np.ndarray]:
+          lengths: torch.Tensor, ids: torch.Tensor) -> list:
+    if spec.forward == Forward.HIDDEN and spec.outputs is not None:
+        return _m3_items(model, spec, out, lengths, ids)
+    if spec.forward == Forward.HIDDEN and spec.token_level and model.m3 is not None:
+        return _colbert(model, spec, out, lengths)
     if spec.forward == Forward.HIDDEN and not spec.token_level:
         if model.dense is None or not spec.project:
             pooled = kernels.seq_pool(out, lengths, spec.method, normalize=spec.normalize,
@@ -101,3 +114,29 @@ def _pool(model: LoadedModel, spec: PoolSpec, out: torch.Tensor,
         return list(scores.cpu().numpy())
     rows = kernels.token_pool(out, lengths)                           # [sum(T), labels]
     return _split_rows(kernels.activation(rows, spec.activation), lengths)
+
+
+def _colbert(model: LoadedModel, spec: PoolSpec, out: torch.Tensor,
+             lengths: torch.Tensor) -> list[np.ndarray]:
+    """BGE-M3's multi-vector rows: every token but the first, through colbert_linear."""
+    rows_lengths = (lengths - 1).clamp(min=0)
+    rows = kernels.token_pool(m3.colbert_rows(model.m3, out), rows_lengths,
+                              normalize=spec.normalize, dimensions=spec.dimensions)
+    return _split_rows(rows, rows_lengths)
+
+
+def _m3_items(model: LoadedModel, spec: PoolSpec, out: torch.Tensor, lengths: torch.Tensor,
+              ids: torch.Tensor) -> list[dict]:
+    """One map per sequence of the outputs `spec` asks for, all from this one forward pass."""
+    parts: dict[str, list] = {}
+    if m3.DENSE in spec.outputs:
+        plain = PoolSpec(Forward.HIDDEN, method=spec.method, normalize=spec.normalize,
+                         dimensions=spec.dimensions)
+        parts[m3.DENSE] = _pool(model, plain, out, lengths, ids)
+    if m3.SPARSE in spec.outputs:
+        parts[m3.SPARSE] = m3.lexical_weights(model.m3, out, ids, lengths)
+    if m3.MULTI_VECTOR in spec.outputs:
+        # Dimensions (Matryoshka) cut the dense vector only; the rows keep ColBERT's width.
+        parts[m3.MULTI_VECTOR] = _colbert(model, PoolSpec(Forward.HIDDEN, token_level=True,
+                                                          normalize=spec.normalize), out, lengths)
+    return [{name: parts[name][row] for name in spec.outputs} for row in range(len(lengths))]

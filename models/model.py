@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from poolwire.models.adapters import Adapters, adapters_of, attach_adapters
+from poolwire.models.m3 import M3Heads, read_m3_heads
 from poolwire.models.model_source import LOCAL_REVISION, resolve_model_source
 from poolwire.models.per_token_head import TokenHead, per_token_head
 from poolwire.models.multimodal import Towers, find_multimodal
@@ -144,6 +146,8 @@ class LoadedModel:
     prompt_template: PromptTemplate | None = None
     answer_tokens: tuple[int, ...] = ()  # (true,) or (true, false) token ids, where folded
     remote_code: tuple[str, ...] = ()   # the folder's own Python files run (--trust-remote-code)
+    m3: "M3Heads | None" = None         # BGE-M3's sparse and ColBERT heads (models/m3.py)
+    adapters: "Adapters | None" = None  # LoRA adapters attached with PEFT (models/adapters.py)
     towers: "Towers | None" = None      # a multimodal model's text and image towers
     # Forward-pass costs measured in this process, by precision (actors/batch_cost.py).
     batch_costs: dict = field(default_factory=dict, repr=False, compare=False)
@@ -159,6 +163,19 @@ class LoadedModel:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.module.parameters()).dtype
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The embeddings an embed item can carry (PROTOCOL.md 1.3 `outputs`)."""
+        from poolwire.models.m3 import OUTPUTS
+
+        if self.m3 is not None:
+            return OUTPUTS
+        return ("sparse",) if self.sparse is not None else ("dense",)
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return self.adapters.names if self.adapters is not None else []
 
     @property
     def num_labels(self) -> int:
@@ -246,13 +263,15 @@ def resolve_device(device: str) -> torch.device:
 
 def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
                dtype: str = "float32", trust_remote_code: bool = False,
-               reranker: str | RerankerOption | None = None) -> LoadedModel:
+               reranker: str | RerankerOption | None = None,
+               adapters: dict[str, Path] | None = None) -> LoadedModel:
     """Load a model from a local folder, or a hub id through the Hugging Face cache, onto
     `device` ("cpu", "cuda", "cuda:1", "auto") in `dtype` (float32, float16, bfloat16). A folder
     that names its own code (auto_map) loads only with `trust_remote_code`, else
     RemoteCodeRefusedError (models/remote_code.py); transformers is told either way, so it
     never asks on standard input. `reranker`: the `--reranker` option of a reranker that scores
-    with token logits (models/token_logits.py)."""
+    with token logits (models/token_logits.py). `adapters`: LoRA adapters {name: folder}
+    beside the task adapters the folder ships (models/adapters.py)."""
     from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM,
                               AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
@@ -267,6 +286,10 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         # CLIP and SigLIP load with transformers' own classes; a folder naming code of its own
         # is refused as any other is without the flag.
         check_remote_code(multimodal.model_dir, trust)
+        if adapters:
+            raise ValueError(f"{path} is a {multimodal.model_type} model (texts and images); "
+                             f"poolwire attaches LoRA adapters to text models only: leave out "
+                             f"--adapter")
         return _load_multimodal(source, multimodal, name, resolve_device(device), DTYPES[dtype])
     remote_code = check_remote_code(path, trust)
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
@@ -278,6 +301,10 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
     if option is None and logit_score is None:
         refuse_unsaid_decoder(architecture, kind, st, is_decoder_only(config))
     else:
+        if adapters:
+            raise ValueError(f"--adapter {', '.join(adapters)}: adapters are served on encoders "
+                             f"and classifiers, not on a reranker scoring with token logits; "
+                             f"merge the adapter into the model, or leave --adapter out")
         return _load_token_logit_reranker(path, source, config, architecture, st, option,
                                           logit_score, name, resolve_device(device), dtype,
                                           trust, remote_code)
@@ -289,6 +316,13 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
     module = loader.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype],
                                     trust_remote_code=trust).eval().to(target)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
+    offered = adapters_of(path, adapters)
+    attached = attach_adapters(module, offered) if offered else None
+    m3 = None
+    if kind == ModelKind.ENCODER:
+        m3 = read_m3_heads(path, int(config.hidden_size), int(config.vocab_size), tokenizer)
+        if m3 is not None:
+            m3 = m3.to(target)
     max_len = max_model_length(st.max_seq_length, getattr(tokenizer, "model_max_length", None),
                                getattr(config, "max_position_embeddings", None))
     id2label = {int(k): v for k, v in (config.id2label or {}).items()} if kind != ModelKind.ENCODER else {}
@@ -319,8 +353,11 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         takes_token_types="token_type_ids" in inspect.signature(module.forward).parameters,
         decoder=is_decoder_only(config),
         sparse=st.splade, late_interaction=st.late_interaction, remote_code=remote_code,
+        m3=m3, adapters=attached,
     )
     _log_loaded(model, dtype, len(st.dense))
+    if m3 is not None:
+        log.info("%s carries BGE-M3's heads: outputs %s", model.name, ", ".join(model.outputs))
     return model
 
 

@@ -5,7 +5,7 @@ ValidatorActor calls it, so these are all `invalid_request` before any tokenizin
 
 from dataclasses import dataclass, field
 
-from poolwire.schemas.errors import invalid
+from poolwire.schemas.errors import ErrorCode, PoolingError, invalid
 from poolwire.schemas.media import ELEMENT_FIELDS, TextElement, elements_of, has_elements, is_image
 from poolwire.schemas.requests import PoolingRequest
 from poolwire.schemas.sanity import preview
@@ -24,17 +24,21 @@ class ModelFacts:
     sparse: bool = False               # a sparse model (embed items are sparse vectors)
     token_logits: bool = False         # a reranker scoring with token logits (PROTOCOL 1.3)
     takes_instruction: bool = False    # its prompt template has an instruction
+    outputs: tuple[str, ...] = ("dense",)  # the embeddings an embed item can carry
+    adapters: tuple[str, ...] = ()     # the deployment's LoRA adapters, by name
     images: bool = False               # a multimodal model: image elements are inputs (1.3)
 
     @classmethod
     def of(cls, model) -> "ModelFacts":
         from poolwire.models.task_heads import score_uses_cross_encoder
 
+        sparse = getattr(model, "sparse", None) is not None
         template = getattr(model, "prompt_template", None)
         return cls(model.name, model.embedding_size, dict(model.prompts),
-                   model.matryoshka_dimensions, score_uses_cross_encoder(model),
-                   getattr(model, "sparse", None) is not None, template is not None,
-                   template is not None and template.takes_instruction,
+                   model.matryoshka_dimensions, score_uses_cross_encoder(model), sparse,
+                   template is not None, template is not None and template.takes_instruction,
+                   tuple(getattr(model, "outputs", ("sparse",) if sparse else ("dense",))),
+                   tuple(getattr(model, "adapter_names", ())),
                    getattr(model, "towers", None) is not None)
 
 
@@ -44,6 +48,8 @@ def _has_token_ids(value) -> bool:
 
 def check_model_fields(task: Task, request: PoolingRequest, facts: ModelFacts) -> None:
     _check_images(request, facts)
+    _check_outputs(request, facts)
+    _check_adapter(request, facts)
     _check_sparse(request, facts)
     _check_dimensions(request, facts)
     if (request.normalize is not None and request.use_activation is not None
@@ -58,6 +64,33 @@ def check_model_fields(task: Task, request: PoolingRequest, facts: ModelFacts) -
         raise invalid(f"aggregation {request.aggregation!r} groups entities by their text, and "
                       f"this input is token ids: send the texts, or aggregation \"none\"",
                       field="aggregation")
+
+
+def _check_outputs(request: PoolingRequest, facts: ModelFacts) -> None:
+    """PROTOCOL.md 1.3: `outputs` only on a model with several, each one the model has."""
+    if request.outputs is None:
+        return
+    listed = ", ".join(facts.outputs)
+    if len(facts.outputs) == 1:
+        raise PoolingError(ErrorCode.INVALID_REQUEST,
+                           f"outputs applies to a model with several embeddings (BGE-M3); "
+                           f"{facts.name} has one output, {listed}: leave outputs out",
+                           field="outputs", outputs=list(facts.outputs))
+    missing = [o for o in request.outputs if o not in facts.outputs]
+    if missing:
+        raise PoolingError(ErrorCode.INVALID_REQUEST,
+                           f"outputs {missing} are not outputs of {facts.name}; its outputs: "
+                           f"{listed}", field="outputs", outputs=list(facts.outputs))
+
+
+def _check_adapter(request: PoolingRequest, facts: ModelFacts) -> None:
+    if request.adapter is None or request.adapter in facts.adapters:
+        return
+    listed = ", ".join(facts.adapters) or "none (start the worker with --adapter NAME=DIR)"
+    raise PoolingError(ErrorCode.INVALID_REQUEST,
+                       f"adapter {preview(request.adapter)} is not an adapter of this "
+                       f"deployment; its adapters: {listed}", field="adapter",
+                       adapters=list(facts.adapters))
 
 
 def _check_sparse(request: PoolingRequest, facts: ModelFacts) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from poolwire.models import m3
 from poolwire.models.chunking import Chunks, chunk_sequences
 from poolwire.models.model import LoadedModel, ModelKind
 from poolwire.models.model_fields import prompt_for
@@ -35,6 +36,7 @@ class ScoreMethod:
     MAXSIM = "maxsim"               # late interaction over the two texts' token_embed rows
     DOT = "dot"                     # of the two sparse vectors
     CROSS_ENCODER = "cross-encoder"  # a one-label classifier on the pair
+    HYBRID = "hybrid"               # BGE-M3: the weighted mean of its three outputs' scores
     TOKEN_LOGITS = "token-logits"    # a one-label classifier on the pair's prompt template
 
 
@@ -53,6 +55,15 @@ class PoolSpec:
     # False: the pooled vector as it leaves the pooling, before Dense (a chunk of a longer
     # input, whose item is finished once its chunks are combined: chunking.py).
     project: bool = True
+    # HIDDEN on a BGE-M3 model: each sequence's value is a map of these outputs (models/m3.py).
+    outputs: tuple[str, ...] | None = None
+    # The LoRA adapter the forward pass runs with (None: the base model); a batch has one.
+    adapter: str | None = None
+
+    @property
+    def group(self) -> str:
+        """What every sequence of one micro-batch shares: the forward pass and the adapter."""
+        return self.forward if self.adapter is None else f"{self.forward}@{self.adapter}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,8 @@ class TaskPlan:
     rerank: Rerank | None = None
     # Chunked processing: item i combines the chunks chunks.groups[i]; None: one sequence each.
     chunks: Chunks | None = None
+    # BGE-M3's hybrid score: the weights of dense, sparse and multi_vector.
+    hybrid_weights: tuple[float, float, float] = m3.DEFAULT_HYBRID_WEIGHTS
     # A multimodal model (multimodal_plan.py): each sequence's forward pass (TEXT_FEATURES or
     # IMAGE_FEATURES), so a micro-batch holds one modality; None: spec.forward for all.
     forwards: list[str] | None = None
@@ -172,6 +185,10 @@ def default_score_method(model: LoadedModel) -> str:
 
 
 def _bi_encoder_spec(method: str, model: LoadedModel) -> PoolSpec:
+    if model.m3 is not None:
+        # The outputs the score method compares, as an embed item with `outputs` has them.
+        return PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=True,
+                        outputs=m3.outputs_for_score(method))
     if method == ScoreMethod.MAXSIM:
         # The deployment's own token_embed rows as it returns them by default (Dense applied,
         # normalised unless the folder says otherwise); use_activation never changes a
@@ -218,15 +235,28 @@ def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokeni
 
 def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
               tokenizing: Tokenizing, *, score_method: str | None = None,
-              max_embed_len: int | None = None, images: dict | None = None) -> TaskPlan:
+              max_embed_len: int | None = None,
+              hybrid_weights: tuple[float, float, float] | None = None,
+              images: dict | None = None) -> TaskPlan:
     """Tokenize a validated request and say what to compute; raises input_too_long.
     `score_method`: how this deployment scores (None: the model's default_score_method);
-    `max_embed_len`: chunked processing of embed inputs up to that many tokens; `images`: a
+    `max_embed_len`: chunked processing of embed inputs up to that many tokens;
+    `hybrid_weights`: BGE-M3's hybrid score weights (dense, sparse, multi_vector); `images`: a
     multimodal request's preprocessed images by (field, index) (models/images.py)."""
     if model.towers is not None:
         from poolwire.models.multimodal_plan import plan_multimodal
 
         return plan_multimodal(task, request, model, tokenizing, images or {})
+    plan = _plan_task(task, request, model, tokenizing, score_method, max_embed_len)
+    if request.adapter is not None:
+        plan = replace(plan, spec=replace(plan.spec, adapter=request.adapter))
+    if hybrid_weights is not None:
+        plan = replace(plan, hybrid_weights=tuple(hybrid_weights))
+    return plan
+
+
+def _plan_task(task: Task, request: PoolingRequest, model: LoadedModel, tokenizing: Tokenizing,
+               score_method: str | None, max_embed_len: int | None) -> TaskPlan:
     cut, side = request.truncate_prompt_tokens, request.truncation_side
     prompt = prompt_for(task, request, model.prompts, model.default_prompt_name)
     if task is Task.SCORE:
@@ -253,7 +283,10 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
     offsets = bool(request.return_tokens) or grouping
     # Chunks are pooled with the model's pooling (PROTOCOL 1.2); a sparse model's SPLADE
     # pooling is not, so its long inputs keep the usual length rules.
-    longest = max_embed_len if task is Task.EMBED and model.sparse is None else None
+    # BGE-M3's outputs beside dense are per token, so they keep the usual length rules too.
+    several = request.outputs is not None and tuple(request.outputs) != (m3.DENSE,)
+    longest = (max_embed_len if task is Task.EMBED and model.sparse is None and not several
+               else None)
     if texts is not None:
         seqs = tokenizing.texts([prompt + t for t in texts], cut, side, offsets=offsets,
                                 longest=longest)
@@ -262,6 +295,10 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
     if task is Task.EMBED and model.sparse is not None:
         spec = PoolSpec(Forward.MLM_LOGITS, normalize=_normalize(model, request),
                         max_active_dims=request.max_active_dims)
+    elif task is Task.EMBED and several:
+        spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method,
+                        normalize=_normalize(model, request), dimensions=request.dimensions,
+                        outputs=tuple(request.outputs))
     elif task is Task.EMBED:
         spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method,
                         normalize=_normalize(model, request), dimensions=request.dimensions)
@@ -276,6 +313,9 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
         spec = PoolSpec(Forward.TOKEN_LOGITS, token_level=True,
                         activation=_activation(model, request.use_activation))
     meta = _token_meta(tokenizing, seqs, len(prompt)) if request.return_tokens else None
+    if meta is not None and model.m3 is not None and task is Task.TOKEN_EMBED:
+        # BGE-M3's multi-vector rows leave out the first token (CLS).
+        meta = [{k: v[1:] for k, v in m.items()} for m in meta]
     entities = None
     if grouping and texts is not None:
         grouper, strategy = model.entity_grouper, request.aggregation
@@ -295,6 +335,10 @@ def cosine_items(plan: TaskPlan, outputs: dict[int, np.ndarray]) -> list[np.ndar
     """Bi-encoder scores of each pair: the dot product of L2-normalised embeddings (cosine) or
     of sparse vectors (dot), or MaxSim of token rows (late interaction)."""
     assert plan.pairs is not None
+    if plan.pairs and isinstance(outputs[plan.pairs[0][0]], dict):  # BGE-M3's outputs
+        return [np.asarray(m3.m3_score(plan.pair_score, outputs[i], outputs[j],
+                                       plan.hybrid_weights), dtype=np.float32)
+                for i, j in plan.pairs]
     if plan.pair_score == ScoreMethod.MAXSIM:
         return [np.asarray(maxsim(outputs[i], outputs[j])) for i, j in plan.pairs]
     if plan.pair_score == ScoreMethod.DOT:

@@ -173,7 +173,7 @@ async def serve(settings: WorkerSettings) -> int:
         model = load_model(settings.model or bundled_model_dir(), settings.model_name,
                            settings.device, settings.dtype,
                            trust_remote_code=settings.pooler_config.trust_remote_code,
-                           reranker=settings.reranker)
+                           reranker=settings.reranker, adapters=settings.adapters)
         if model.remote_code:
             print(f"poolwire: --trust-remote-code: running the code of {model.path} "
                   f"({', '.join(model.remote_code)})", flush=True)

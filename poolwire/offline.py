@@ -34,6 +34,10 @@ def make_backend(model, backend: str, precision: str, dtype: str, cache_dir):
     return build_backend(backend, model, precision, dtype, cache_dir)  # BackendError: a ValueError
 
 
+def _sparse(vector: SparseVector) -> dict:
+    return {"indices": vector.indices, "values": vector.values}
+
+
 @dataclass
 class PoolingResult:
     """What a call returns: `data` as numpy ([N, D] vectors, [N, labels] scores, [N] pair
@@ -75,7 +79,12 @@ class PoolingModel:
                  max_batch_tokens: int = 8192, max_batch_size: int = 64,
                  max_added_padding: int = 16, state_dir: str | Path = ".poolwire",
                  trust_remote_code: bool | None = None, reranker: str | None = None,
-                 max_image_pixels: int = 89_478_485) -> None:
+                 adapters: dict[str, str | Path] | None = None, score_method: str | None = None,
+                 hybrid_weights=None, max_image_pixels: int = 89_478_485) -> None:
+        """`adapters`: LoRA adapters {name: PEFT folder} beside the folder's own task adapters,
+        picked per call with `adapter=name`; `score_method` and `hybrid_weights`: what score
+        compares on a model with several outputs (BGE-M3), as the worker's options of those
+        names; `max_image_pixels`: a worker's --max-image-pixels (CLIP, SigLIP)."""
         from poolwire.actors.task_policy import TaskConfigError
         from poolwire.actors.validator import ModelLimits
         from poolwire.actors.worker import task_policy_for
@@ -98,12 +107,20 @@ class PoolingModel:
         if trust_remote_code is not None:
             pooler_config = pooler_config.model_copy(update={"trust_remote_code": bool(trust_remote_code)})
         self.pooler_config = pooler_config
+        from types import SimpleNamespace
+
+        from poolwire.models.m3 import parse_hybrid_weights
+
+        self.hybrid_weights = parse_hybrid_weights(hybrid_weights or "0.4,0.2,0.4")
         self.model = load_model(model, None, device, dtype,
                                 trust_remote_code=pooler_config.trust_remote_code,
-                                reranker=reranker)
+                                reranker=reranker,
+                                adapters={n: Path(p) for n, p in (adapters or {}).items()})
         # The worker's own start-up rule (priority rule, --task checks) on PoolerConfig's fields.
         try:
-            self.policy = task_policy_for(self.model, pooler_config)
+            self.policy = task_policy_for(self.model, SimpleNamespace(
+                task=pooler_config.task, multitask=pooler_config.multitask,
+                score_method=score_method))
         except TaskConfigError as exc:
             from poolwire.actors.task_policy import supported_tasks
 
@@ -219,11 +236,14 @@ class PoolingModel:
             request = texts_as_strings(request)
         plan = plan_task(task, request, self.model, self._tokenizing,
                          score_method=self.policy.score_method, max_embed_len=self.max_embed_len,
-                         images=images)
+                         hybrid_weights=self.hybrid_weights, images=images)
         items = self._pool(task, plan)
-        values = [v if isinstance(v, SparseVector) else np.asarray(v) for _, v in items]
+        values = [v if isinstance(v, (SparseVector, dict)) else np.asarray(v) for _, v in items]
         if values and isinstance(values[0], SparseVector):  # a sparse model's embed
-            data: Any = [{"indices": v.indices, "values": v.values} for v in values]
+            data: Any = [_sparse(v) for v in values]
+        elif values and isinstance(values[0], dict):  # BGE-M3's outputs, one map per input
+            data = [{k: _sparse(v) if isinstance(v, SparseVector) else v for k, v in m.items()}
+                    for m in values]
         elif task in TOKEN_LEVEL_TASKS:
             data = values
         elif task is Task.SCORE:
@@ -248,7 +268,7 @@ class PoolingModel:
 
         planner = BatchPlanner(*self._batching)
         for i, seq in enumerate(plan.sequences):
-            planner.add(QueuedItem(tokens=len(seq), group=plan.spec_for(i).forward, payload=i))
+            planner.add(QueuedItem(tokens=len(seq), group=plan.spec_for(i).group, payload=i))
         outputs: dict[int, np.ndarray] = {}
         while batch := planner.next_batch():
             seqs = [plan.sequences[item.payload] for item in batch]

@@ -76,6 +76,20 @@ class WorkerSettings(BaseSettings):
                     "object such as '{\"task\": \"embed\", \"max_embed_len\": 4096}' (also "
                     "POOLWIRE_POOLER_CONFIG); a value given both here and by its own option must "
                     "agree")
+    adapter: list[str] = Field(
+        default_factory=list,
+        description="a LoRA adapter saved by PEFT, served beside the base model: NAME=DIR "
+                    "(repeat the option for more; POOLWIRE_ADAPTER takes a JSON list); requests "
+                    "pick it with \"adapter\": NAME. A folder's own task adapters (PEFT "
+                    "subfolders, as jina-embeddings-v3's) are offered without it")
+    score_method: Literal["dense", "sparse", "multi_vector", "hybrid"] | None = Field(
+        None, description="on a model with several outputs (BGE-M3): what score compares: "
+                          "dense (cosine; the default), sparse (lexical weights' dot product), "
+                          "multi_vector (ColBERT MaxSim averaged over the query's rows) or "
+                          "hybrid (their weighted mean, --hybrid-weights)")
+    hybrid_weights: str = Field(
+        "0.4,0.2,0.4", description="with --score-method hybrid: the weights of dense, sparse "
+                                   "and multi_vector, FlagEmbedding's compute_score weighting")
     prefix: str = Field("pooling", description="subject prefix P: requests on P.<task>")
     queue: str = Field("poolwire", description="queue group shared by the workers")
     allow_mixed_queue: bool = Field(
@@ -189,6 +203,39 @@ class WorkerSettings(BaseSettings):
             return int(value)
         raise ValueError(f"--max-added-padding {value!r}: give a number of tokens (0 or more) "
                          f"or auto")
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapters(cls, value):
+        from poolwire.models.adapters import parse_adapter
+
+        names = [parse_adapter(spec)[0] for spec in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"--adapter names {', '.join(twice)} more than once: give each "
+                             f"adapter its own name")
+        return value
+
+    @field_validator("hybrid_weights")
+    @classmethod
+    def _weights(cls, value):
+        from poolwire.models.m3 import parse_hybrid_weights
+
+        parse_hybrid_weights(value)
+        return value
+
+    @property
+    def adapters(self) -> dict[str, Path]:
+        """--adapter NAME=DIR as {NAME: DIR}."""
+        from poolwire.models.adapters import parse_adapter
+
+        return dict(parse_adapter(spec) for spec in self.adapter)
+
+    @property
+    def hybrid(self) -> tuple[float, float, float]:
+        from poolwire.models.m3 import parse_hybrid_weights
+
+        return parse_hybrid_weights(self.hybrid_weights)
 
     @model_validator(mode="before")
     @classmethod

@@ -69,6 +69,14 @@ class PoolingRequest(BaseModel):
         None, description="score, rerank form: each item also carries `document`, the text")
     max_active_dims: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
         None, description="embed on a sparse model: keep only the k largest weights of each item")
+    # Any names here: one the model lacks is refused against the model, listing its outputs.
+    outputs: Annotated[list[Annotated[StrictStr, Field(max_length=64)]],
+                       Field(min_length=1, max_length=3)] | None = Field(
+        None, description="embed on a model with several outputs (BGE-M3): which embeddings "
+                          "each item carries; default [\"dense\"]")
+    adapter: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = Field(
+        None, description="the LoRA adapter this request is computed with, by the name the "
+                          "deployment gives it (discovery `adapters`); default: the base model")
     instruction: StrictStr | None = Field(
         None, description="score on a reranker scoring with token logits: the task description "
                           "its template puts before the query; default: the template's own")
@@ -82,13 +90,13 @@ RERANK_FIELDS = ("query", "documents", "top_n", "return_documents")
 
 COMMON_FIELDS = frozenset({
     "request_id", "truncate_prompt_tokens", "truncation_side", "encoding_format",
-    "embed_dtype", "stream", "deadline_ms", "priority", "cache",
+    "embed_dtype", "stream", "deadline_ms", "priority", "cache", "adapter",
 })
 
 # Which keys each task accepts besides COMMON_FIELDS, and which of them it requires.
 TASK_FIELDS: dict[Task, frozenset[str]] = {
     Task.EMBED: frozenset({"input", "dimensions", "normalize", "use_activation", "prompt_name",
-                           "prompt", "max_active_dims"}),
+                           "prompt", "max_active_dims", "outputs"}),
     Task.TOKEN_EMBED: frozenset({"input", "dimensions", "normalize", "use_activation",
                                  "prompt_name", "prompt", "return_tokens"}),
     Task.CLASSIFY: frozenset({"input", "use_activation"}),
@@ -139,6 +147,9 @@ def parse_request(task: Task, body: dict[str, Any]) -> PoolingRequest:
     except ValidationError as exc:
         raise _first_error(exc) from None
     _check_not_empty(request)
+    if request.outputs is not None and len(set(request.outputs)) != len(request.outputs):
+        raise invalid(f"outputs {request.outputs} names an output twice: name each once",
+                      field="outputs")
     return request
 
 

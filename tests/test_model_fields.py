@@ -10,6 +10,9 @@ from poolwire.schemas.tasks import Task
 
 FACTS = ModelFacts("m", 32, {"query": "q: ", "doc": "d: "}, (8, 16, 32))
 CROSS = ModelFacts("ce", 32, cross_encoder_score=True)
+M3 = ModelFacts("bge-m3", 32, outputs=("dense", "sparse", "multi_vector"),
+                adapters=("retrieval.query", "retrieval.passage"))
+SPARSE = ModelFacts("splade", 30522, sparse=True, outputs=("sparse",))
 
 
 def check(task, body, facts=FACTS):
@@ -26,6 +29,14 @@ def check(task, body, facts=FACTS):
     (Task.EMBED, {"input": [1, 2], "prompt": "a"}, FACTS, "prompt", "token ids"),
     (Task.SCORE, {"text_1": "a", "text_2": "b", "prompt": "a"}, CROSS, "prompt", "cross-encoder"),
     (Task.TOKEN_CLASSIFY, {"input": [[1, 2]], "aggregation": "max"}, FACTS, "aggregation", "token ids"),
+    # PROTOCOL 1.3: outputs the model lacks, or on a one-output model, list the model's outputs.
+    (Task.EMBED, {"input": "x", "outputs": ["dense", "colbert"]}, M3, "outputs",
+     "dense, sparse, multi_vector"),
+    (Task.EMBED, {"input": "x", "outputs": ["dense"]}, FACTS, "outputs", "one output, dense"),
+    (Task.EMBED, {"input": "x", "outputs": ["sparse"]}, SPARSE, "outputs", "one output, sparse"),
+    (Task.EMBED, {"input": "x", "adapter": "legal"}, M3, "adapter",
+     "retrieval.query, retrieval.passage"),
+    (Task.CLASSIFY, {"input": "x", "adapter": "legal"}, FACTS, "adapter", "--adapter NAME=DIR"),
 ])
 def test_invalid_combinations_name_the_field(task, body, facts, field, says):
     with pytest.raises(PoolingError) as info:
@@ -82,3 +93,22 @@ def test_tokens_and_offsets_of_text_prompt_and_token_id_input(minilm):
     assert ids == {"tokens": ["[CLS]", "to", "[SEP]"], "offsets": [None, None, None]}
     assert cut["tokens"] == ["[CLS]"] + plain["tokens"][-3:-1] + ["[SEP]"]
     assert cut["offsets"][1:-1] == plain["offsets"][-3:-1]
+
+
+@pytest.mark.parametrize("task, body", [
+    (Task.EMBED, {"input": "x", "outputs": ["multi_vector", "dense"]}),
+    (Task.SCORE, {"text_1": "a", "text_2": "b", "adapter": "retrieval.passage"}),
+])
+def test_outputs_and_adapters_the_model_has_pass(task, body):
+    check(task, body, M3)
+
+
+@pytest.mark.parametrize("task, body, says", [
+    (Task.EMBED, {"input": "x", "outputs": ["dense", "dense"]}, "twice"),
+    (Task.EMBED, {"input": "x", "outputs": []}, "outputs"),
+    (Task.TOKEN_EMBED, {"input": "x", "outputs": ["dense"]}, "not valid for task"),
+])
+def test_outputs_shape_is_checked_before_the_model(task, body, says):
+    with pytest.raises(PoolingError) as info:
+        parse_request(task, body)
+    assert info.value.extra.get("field") == "outputs" and says in info.value.message

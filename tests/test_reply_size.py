@@ -112,3 +112,33 @@ def test_shapes_per_task():
     assert item_shapes(Task.EMBED, 2, 384) == [(384,), (384,)]
     assert item_shapes(Task.SCORE, 2, 1) == [(), ()]
     assert item_shapes(Task.TOKEN_EMBED, 2, 384, [7, 3]) == [(7, 384), (3, 384)]
+
+
+@pytest.mark.parametrize("fmt", list(WireFormat))
+@pytest.mark.parametrize("binary", [False, True])
+def test_bge_m3_maps_are_bounded_from_their_token_counts(fmt, binary):
+    """PROTOCOL 1.3: an item that maps dense, sparse and multi_vector, sized before the forward
+    pass from its token count (at most one lexical weight per token)."""
+    from types import SimpleNamespace
+
+    from poolwire.actors.reply_size import OUTPUTS_MAP_BYTES, outputs_shapes
+    from poolwire.models.sparse_vector import SparseVector
+
+    rng = np.random.default_rng(3)
+    tokens = [4, 40, 200]
+    request = PoolingRequest(input=["x"] * 3, outputs=["dense", "sparse", "multi_vector"])
+    model = SimpleNamespace(embedding_size=64, m3=None)
+    style = ReplyStyle(fmt, binary, "float32")
+    items = []
+    for i, t in enumerate(tokens):
+        ids = np.sort(rng.choice(250_000, size=t, replace=False)).astype(np.int64)
+        value = {"dense": rng.standard_normal(64).astype(np.float32),
+                 "sparse": SparseVector(ids, rng.random(t).astype(np.float32) + 0.01, 250_002),
+                 "multi_vector": rng.standard_normal((t - 1, 64)).astype(np.float32)}
+        items.append(wire_item(i, value, style))
+    real = len(one_reply("r" * 32, "bge-m3", "embed", items, 123456, style, 2**40))
+    shapes = [s for group in outputs_shapes(request, model, tokens) for s in group]
+    estimate = estimate_reply(shapes, fmt=fmt, binary=binary, dtype="float32",
+                              request_id="r" * 32, model="bge-m3", task="embed",
+                              max_payload=MAX_PAYLOAD)
+    assert estimate.bytes + OUTPUTS_MAP_BYTES * len(tokens) >= real

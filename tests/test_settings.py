@@ -54,3 +54,15 @@ def test_serve_refuses_bad_options_and_a_missing_model_folder_with_one_line(tmp_
     assert main(["serve", "--model", str(tmp_path / "nope"), "--nats-port", "-1",
                  "--state-dir", str(tmp_path)]) == 2
     assert "has no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"adapter": ["legal"]}, "NAME=DIR"),
+    ({"adapter": ["a=/x", "a=/y"]}, "more than once"),
+    ({"hybrid_weights": "1,2"}, "three weights"),
+    ({"hybrid_weights": "0,0,0"}, "not all zero"),
+    ({"score_method": "colbert"}, "score_method"),
+])
+def test_adapter_and_score_options_are_checked(fields, says):
+    with pytest.raises(ValidationError, match=says):
+        WorkerSettings(**fields)
