@@ -182,21 +182,69 @@ def run_inprocess(args: argparse.Namespace, count_tokens, task: str = "embed",
     return rows
 
 
-def run_peers(args: argparse.Namespace, count_tokens, workdir: Path, reference=None) -> list[Row]:
-    """The rows of every bench/peers.py peer, each run by the peers' own interpreter; with the
-    torch float32 embeddings (`reference`), how far each peer's are from them."""
-    from bench.peers import PEERS, openvino_has_bf16, peer_python
-    from bench.precision_modes import embed_accuracy
+def run_peers(args: argparse.Namespace, count_tokens, workdir: Path, reference=None,
+              setups=(), skipped: list[str] | None = None) -> list[Row]:
+    """The rows of every bench/peers.py peer, each run by the peers' own interpreter, then
+    llama-server's at each embed setup's concurrency (`setups`; c64 without any). With the
+    torch float32 embeddings (`reference`), each peer's parity with them; a peer that cannot be
+    set up here adds one line to `skipped` and the run goes on."""
+    from dataclasses import replace
 
-    python = peer_python(log)
+    from bench.fastembed_peer import ensure_export
+    from bench.peers import ENV_DIR, PEERS, openvino_has_bf16, parity_verdict, peer_python
+    from bench.precision_modes import embed_accuracy
+    from bench.setups import Setup
+    from poolwire.models.model import bundled_model_dir
+
+    skipped = [] if skipped is None else skipped
+    model_dir = Path(args.model or bundled_model_dir())
+    try:
+        python = peer_python(log)
+    except Exception as exc:  # noqa: BLE001 - every peer lives there: report, go on
+        skipped.append(f"every peer: their virtualenv could not be built: {_why(exc)}")
+        log(f"peers: {skipped[-1]}")
+        return []
     args.openvino_bf16 = openvino_has_bf16()
     rows: list[Row] = []
-    for peer in PEERS:
-        out = str(workdir / f"peer-{peer.key}.npy")
-        peer_rows = run_inprocess(args, count_tokens, "embed", out, peer, python)
-        if reference is not None:
-            import numpy as np
 
-            peer_rows[0].accuracy = embed_accuracy(reference, np.load(out))
+    def check(row: Row, vectors) -> None:
+        if reference is not None:
+            row.accuracy = embed_accuracy(reference, vectors)
+        row.parity = parity_verdict(row.accuracy, row.peer_of)
+        log(f"{row.key}: parity {row.parity}")
+
+    for peer in PEERS:
+        try:
+            if peer.backend == "fastembed":
+                export = ensure_export(python, model_dir, ENV_DIR / "fastembed-onnx", log)
+                peer = replace(peer, model_kwargs={"path": str(export)})
+            out = str(workdir / f"peer-{peer.key}.npy")
+            peer_rows = run_inprocess(args, count_tokens, "embed", out, peer, python)
+        except Exception as exc:  # noqa: BLE001 - one peer down is one line, not the run
+            skipped.append(f"{peer.key}: {_why(exc)}")
+            log(f"peers: {peer.key} not set up here: {_why(exc)}")
+            continue
+        import numpy as np
+
+        check(peer_rows[0], np.load(out))
         rows += peer_rows
-    return rows
+    setups = [s for s in setups if s.task == "embed"] or [Setup("c64", 1, 64, 1)]
+    try:
+        from bench.llama_peer import run_llama
+
+        texts = mixed_texts(args.texts, seed=args.seed)
+        llama_rows, vectors = run_llama(args, setups, python, model_dir, texts,
+                                        count_tokens(texts), workdir, log)
+    except Exception as exc:  # noqa: BLE001
+        skipped.append(f"llama-server: {_why(exc)}")
+        log(f"peers: llama-server not set up here: {_why(exc)}")
+        return rows
+    for row, got in zip(llama_rows, vectors):
+        check(row, got)
+    return rows + llama_rows
+
+
+def _why(exc: BaseException) -> str:
+    """One line: an error's type and the last line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:400]

@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIREMENT = "sentence-transformers[openvino,onnx]>=5"
+# fastembed: Qdrant's ONNX Runtime embedder (bench/fastembed_peer.py); numpy beside it pins
+# nothing, it is here for the converter of bench/llama_peer.py (llama.cpp's gguf writer).
+REQUIREMENTS = ("sentence-transformers[openvino,onnx]>=5", "fastembed>=0.7")
+REQUIREMENT = " ".join(REQUIREMENTS)  # the stamp: a changed line rebuilds the virtualenv
 ENV_DIR = ROOT / ".poolwire" / "bench-peers"
 
 
@@ -51,7 +54,31 @@ PEERS = (
     Peer("st-openvino", "in-process encode, backend openvino, default hint", "native", "openvino",
          mode="default hint"),
     Peer("st-onnx", "in-process encode, backend onnx (ONNX Runtime)", "exact", "onnx"),
+    # model_kwargs {"path": the ONNX export} is filled in by the run (bench/fastembed_peer.py).
+    Peer("fastembed", "in-process fastembed TextEmbedding.embed (ONNX Runtime)", "exact",
+         "fastembed"),
 )
+# llama.cpp's llama-server is a peer too, out of process (bench/llama_peer.py): rows
+# llama-server-<setup>, at each poolwire setup's concurrency.
+
+# The smallest cosine to Sentence-Transformers' torch float32 embedding of any text that a peer
+# may have and still be ranked, by the precision it computes in: a float32 peer that differs
+# more embeds other tokens or another model (fastembed cutting MiniLM at 128 tokens read 0.91);
+# a bfloat16 peer rounds every layer, so it gets the looser floor of the two.
+PARITY_FLOOR = {"exact": 0.999, "fast": 0.995}
+
+
+def parity_verdict(accuracy: dict, peer_of: str) -> str:
+    """A peer's parity line (pure): ok, failed, or unchecked (no reference run here)."""
+    floor = PARITY_FLOOR[peer_of]
+    if "min_cosine" not in accuracy:
+        return ("unchecked: no Sentence-Transformers float32 run to compare with (add inprocess "
+                "to --configs); not ranked")
+    low = accuracy["min_cosine"]
+    if low >= floor:
+        return f"ok: min cosine {low:.6f} >= {floor} ({peer_of} precision)"
+    return (f"failed: min cosine {low:.6f} < {floor} ({peer_of} precision): its vectors are not "
+            f"Sentence-Transformers', so its speed is not ranked")
 
 
 def peer_python(log) -> str:
@@ -71,7 +98,7 @@ def peer_python(log) -> str:
     # Appended after the venv's own site-packages: its transformers and sentence-transformers win.
     Path(purelib, "torch-from-parent.pth").write_text(str(Path(torch.__file__).parent.parent) + "\n")
     out = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-c",
-                          str(ROOT / "constraints.txt"), REQUIREMENT], capture_output=True,
+                          str(ROOT / "constraints.txt"), *REQUIREMENTS], capture_output=True,
                          text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"pip could not build the peers' virtualenv:\n{out.stderr[-3000:]}")
@@ -89,10 +116,15 @@ def openvino_has_bf16() -> bool:
 
 
 def load_peer(model: str, kwargs_json: str, device: str):
-    """In the peer's process: the SentenceTransformer with that backend."""
+    """In the peer's process: the SentenceTransformer with that backend, or fastembed's
+    TextEmbedding behind the same two calls."""
+    kwargs = json.loads(kwargs_json)
+    if kwargs["backend"] == "fastembed":
+        from bench.fastembed_peer import FastembedEncoder
+
+        return FastembedEncoder(kwargs["model_kwargs"]["path"])
     from sentence_transformers import SentenceTransformer
 
-    kwargs = json.loads(kwargs_json)
     return SentenceTransformer(model, device=device, backend=kwargs["backend"],
                                model_kwargs=kwargs["model_kwargs"] or None, trust_remote_code=False)
 
@@ -101,7 +133,8 @@ def versions() -> str:
     """The peer environment's versions, for the table's note."""
     import importlib.metadata as md
 
-    names = ("sentence-transformers", "transformers", "openvino", "optimum-intel", "onnxruntime")
+    names = ("sentence-transformers", "transformers", "openvino", "optimum-intel", "onnxruntime",
+             "fastembed")
     found = []
     for name in names:
         try:

