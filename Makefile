@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.installed-test
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test bench install clean
+.PHONY: run test bench compose-test install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test: $(TEST_STAMP)
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/throughput.py
+
+# compose.yaml built and run for real (docs/DEPLOYMENT.md): needs root, and Debian's mirror the
+# first time (the Docker engine, the base image); tests/compose/run.sh says what it does.
+compose-test: $(RUN_STAMP)
+	tests/compose/run.sh
 
 clean:
 	rm -rf $(VENV) .poolwire .pytest_cache

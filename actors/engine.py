@@ -5,6 +5,7 @@ tokenizing requests meanwhile) and publishes the reply frames."""
 
 import asyncio
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +33,17 @@ from poolwire.schemas.media import has_images
 from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
 
 log = logging.getLogger(__name__)
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling thread its name in the OS too (/proc/<pid>/task/<tid>/comm), where
+    top, py-spy and bench/service_cost.py's CPU split by thread see it; Python names only its
+    own Thread object. Best effort: not every system has /proc."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
 
 
 def _item(value):
@@ -130,7 +142,9 @@ class EngineActor(Actor):
         self._looking = 0                   # jobs whose result cache lookup is under way
         self._lookups: set[asyncio.Task] = set()
         # One thread owns the forward pass: the model is never used from two threads at once.
-        self._forward_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-forward")
+        self._forward_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-forward",
+                                                  initializer=name_os_thread,
+                                                  initargs=("poolwire-forward",))
         self._tokens_per_s = 0.0  # drain rate, for `retry_after_ms`
 
     @property

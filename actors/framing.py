@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from poolwire.models.sparse_vector import SparseVector
-from poolwire.schemas.codec import WireFormat, encode
+from poolwire.schemas.codec import Float32Rows, WireFormat, encode
 from poolwire.schemas.errors import ErrorCode, PoolingError
 
 
@@ -67,7 +67,12 @@ def _value_wire(values, style: ReplyStyle, key: bool = False):
         else:
             raw = values.astype("<f2" if style.dtype == "float16" else "<f4").tobytes()
         return {"dtype": style.dtype, "shape": list(values.shape), "bytes": raw}
-    data = values.item() if values.ndim == 0 else values.tolist()
+    if values.ndim == 0:
+        data = values.item()
+    elif values.dtype == np.float32 and values.ndim <= 2:
+        data = Float32Rows(values)  # the codec writes its bytes as they are
+    else:
+        data = values.tolist()
     return {"data": data} if key else data
 
 

@@ -4,6 +4,7 @@ start and drain."""
 import asyncio
 import logging
 import socket
+import sys
 import time
 import uuid
 
@@ -39,6 +40,8 @@ from poolwire.schemas.tasks import Task
 from poolwire.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+SWITCH_INTERVAL_S = 0.0002  # see Worker.start
 
 
 def task_policy_for(model: LoadedModel, settings: WorkerSettings) -> TaskPolicy:
@@ -145,6 +148,12 @@ class Worker:
         """Connect (NatsConnectError, one line, within nats_connect_timeout_s) and serve."""
         s = self.settings
         self.failed = asyncio.get_running_loop().create_future()
+        # The event loop and the forward thread share the GIL: each time the loop releases it
+        # (a socket write, the Rust tokenizer, epoll) the forward thread's Python parts (padding,
+        # the backend's input handling, pooling) may keep it for a whole switch interval, 5 ms
+        # by default, before the loop gets it back. With the path at tens of microseconds a
+        # request that wait was most of a request's time (bench/service_cost.py's profile).
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
 
         async def link_changed() -> None:
             if self.watchdog is not None:

@@ -6,10 +6,13 @@
 #      (loopback) against in-process Sentence-Transformers on the same GPU, in each precision
 #      mode (exact: float32; fast: float32 weights under float16 autocast; float16: weights
 #      cast), printed as one table with each mode's cosine to float32;
-#   4. with time left, bench/ceiling.py: the GPU's matmul rate per precision against
+#   4. bench/service_cost.py on the GPU: the service's own cost (a worker serving a near-zero
+#      model against a bare nats-py responder), then the same with 2 worker processes sharing
+#      the GPU through the queue group (the several-processes-per-GPU row);
+#   5. with time left, bench/ceiling.py: the GPU's matmul rate per precision against
 #      in-process encode's useful FLOP rate.
 #
-#   bash bench/gpu_check.sh                   # everything
+#   bash bench/gpu_check.sh                   # everything (about 9 minutes)
 #   bash bench/gpu_check.sh --dry-run         # print the plan and the commands, run nothing
 #   bash bench/gpu_check.sh --skip-kernels --texts 500 --modes exact,fast
 #   PYTHON=/path/to/python bash bench/gpu_check.sh     # the interpreter (default python3)
@@ -22,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 PY=${PYTHON:-python3}
-DEADLINE=470 # seconds for the whole script: about 8 minutes, with a margin
+DEADLINE=540 # seconds for the whole script: about 9 minutes, with a margin
 TEXTS=2000
 MODES=exact,fast,float16
 CONFIGS=inprocess,c1,c64,4x32
@@ -192,6 +195,25 @@ else
 fi
 note "end-to-end benchmark: exit $e2e_rc"
 
+# The service's own cost on this device: what one worker process's path can feed the GPU, and
+# what two processes sharing it through the queue group feed (docs/PERFORMANCE.md).
+service_rc=0
+left=$((DEADLINE - SECONDS - 45)) # the ceiling's share stays
+log "service cost on $DEVICE, 1 and 2 worker processes (limit ${left}s)"
+if ((left > 90)); then
+    run timeout $((left / 2)) "$PY" bench/service_cost.py --worker-args="--device $DEVICE" \
+        --scale 0.5 --rounds 2
+    service_rc=$?
+    run timeout $((left / 2)) "$PY" bench/service_cost.py --worker-args="--device $DEVICE" \
+        --scale 0.5 --rounds 2 --processes 2 --shapes 1x64,32x8
+    rc=$?
+    ((rc != 0)) && service_rc=$rc
+else
+    echo "no time left for the service cost"
+    service_rc=1
+fi
+note "service cost: exit $service_rc"
+
 # What the GPU's matmuls give in each precision, against in-process encode's useful FLOP rate:
 # how far the end-to-end table above is from the ceiling. Last and short: only with time left.
 ceiling_rc=0
@@ -207,6 +229,6 @@ note "matmul ceiling: exit $ceiling_rc"
 
 log "done"
 printf '  %s\n' "${summary[@]}"
-((tests_rc == 0 && bench_rc == 0 && e2e_rc == 0 && ceiling_rc == 0)) && exit 0
+((tests_rc == 0 && bench_rc == 0 && e2e_rc == 0 && service_rc == 0 && ceiling_rc == 0)) && exit 0
 ((bench_rc == 2)) && exit 2
 exit 1

@@ -32,14 +32,14 @@ class Setup:
 
 
 def parse_configs(spec: str) -> list[str | Setup]:
-    """`inprocess`, `cN` (N in flight, one text each), `KxM` (K clients, M texts each) and
-    `clsN` (classify, N in flight, one text each)."""
+    """`inprocess`, `peers`, `service` (bench/service_cost.py), `cN` (N in flight, one text
+    each), `KxM` (K clients, M texts each) and `clsN` (classify, N in flight, one text each)."""
     out: list[str | Setup] = []
     for raw in spec.split(","):
         key = raw.strip().lower()
         if not key:
             continue
-        if key in ("inprocess", "peers"):
+        if key in ("inprocess", "peers", "service"):
             out.append(key)
         elif m := re.fullmatch(r"c(\d+)", key):
             out.append(Setup(key, 1, int(m.group(1)), 1))
@@ -49,7 +49,7 @@ def parse_configs(spec: str) -> list[str | Setup]:
             out.append(Setup(key, 1, int(m.group(1)), 1, "classify"))
         else:
             raise argparse.ArgumentTypeError(
-                f"unknown setup {raw!r} in --configs: use inprocess, peers, cN (N requests in flight, "
+                f"unknown setup {raw!r} in --configs: use inprocess, peers, service, cN (N requests in flight, "
                 f"one text each), KxM (K clients, M texts per request) or clsN (classify, N "
                 f"requests in flight), e.g. {DEFAULT_CONFIGS}")
         if isinstance(out[-1], Setup) and min(out[-1].connections, out[-1].in_flight,

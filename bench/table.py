@@ -86,6 +86,7 @@ class Report:
     rows: list[Row]
     machine: str
     skipped: list[str] = field(default_factory=list)  # peers not set up here: one line each, why
+    sections: list[str] = field(default_factory=list)  # whole markdown sections (service cost)
 
     def row(self, key: str) -> Row | None:
         return next((r for r in self.rows if r.key == key), None)
@@ -213,6 +214,8 @@ class Report:
                         + ", ".join(f"{r.key} ({r.cpu_s['background']:.2f} cores)" for r in noisy)
                         + "; those numbers understate this machine: rerun on a quiet one"]
         out += self._stats_table()
+        for section in self.sections:
+            out += ["", section]
         return "\n".join(out)
 
     def _stats_table(self) -> list[str]:
@@ -240,6 +243,7 @@ class Report:
         return {"command": self.command, "texts": self.texts, "seed": self.seed,
                 "machine": self.machine, "rows": [r.summary() for r in self.rows],
                 "latency_comparison": self.latency_comparison(),
-                "throughput_comparison": self.throughput_comparison(), "skipped": self.skipped}
+                "throughput_comparison": self.throughput_comparison(), "skipped": self.skipped,
+                "sections": self.sections}
 
 

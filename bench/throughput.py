@@ -16,6 +16,8 @@ Setups (`--configs`, comma separated):
   at each embed setup's concurrency. Each peer's vectors are checked against the `inprocess`
   run's (min cosine) before its speed is ranked; a peer that cannot be set up here is reported
   in one line and the run goes on;
+- `service`: the service's own cost (bench/service_cost.py): a worker serving a near-zero
+  model against a bare nats-py responder, as a section of its own after the table;
 - `inprocess`: `SentenceTransformer.encode(texts, batch_size=32)` in a subprocess of its own (so
   its peak RSS is the model's and not the load generator's), plus `encode([short])` repeated,
   the in-process floor of one short text's latency;
@@ -76,7 +78,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--texts", type=int, default=2000, help="workload size (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--configs", type=parse_configs, default=None,
-                   help=f"setups to run, comma separated: inprocess, peers, cN (N requests in flight, one "
+                   help=f"setups to run, comma separated: inprocess, peers, service, cN (N requests in flight, one "
                         f"text each), KxM (K clients, M texts per request), clsN (classify, N "
                         f"requests in flight); default {DEFAULT_CONFIGS}")
     p.add_argument("--quick", action="store_true",
@@ -157,6 +159,20 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r.errors for r in report.rows) else 0
 
 
+def run_service_cost(args: argparse.Namespace, command: str) -> str:
+    """bench/service_cost.py's table, as a section of this report (its own worker, its own
+    nats-server and the bare responder; --quick runs it at a tenth of its size)."""
+    from bench import service_cost
+
+    sc = service_cost.build_parser().parse_args(["--worker-args", args.worker_args or ""])
+    sc.shapes = [s.key for s in service_cost.SHAPES]
+    if args.quick:
+        sc.scale, sc.rounds = 0.1, 2
+    log("service: the service's own cost (bench/service_cost.py)")
+    _, text = service_cost.run(sc, command)
+    return text
+
+
 def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> Report:
     from transformers import AutoTokenizer
 
@@ -199,6 +215,9 @@ def run(args: argparse.Namespace, configs: list[str | Setup], command: str) -> R
             setups = [c for c in configs if isinstance(c, Setup)]
             # The float32 reference first: every peer's parity is checked against it.
             for config in sorted(configs, key=lambda c: c != "inprocess"):
+                if config == "service":
+                    report.sections.append(run_service_cost(args, command))
+                    continue
                 if config == "peers":
                     report.rows.extend(run_peers(args, count_tokens, Path(tmp), references.get("embed"),
                                                  setups, report.skipped))

@@ -19,17 +19,23 @@ from poolwire.models.tokenizing import TokenSeq
 
 
 def pad_batch(seqs: list[TokenSeq], pad_id: int):
-    """Right-padded ids, attention mask, segment ids and lengths for a batch of sequences."""
+    """Right-padded ids, attention mask, segment ids and lengths for a batch of sequences.
+    Filled in numpy and shared with torch: a torch.tensor per row costs more than the
+    near-zero model's whole forward pass (bench/service_cost.py)."""
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    types = torch.zeros((len(seqs), width), dtype=torch.long)
-    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    ids = np.full((len(seqs), width), pad_id, dtype=np.int64)
+    types = np.zeros((len(seqs), width), dtype=np.int64)
+    mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+    if all(len(s) == width for s in seqs):
+        ids[:] = [s.ids for s in seqs]
+    else:
+        ids[mask.astype(bool)] = [i for s in seqs for i in s.ids]
     for row, seq in enumerate(seqs):
-        ids[row, : len(seq)] = torch.tensor(seq.ids, dtype=torch.long)
         if seq.type_ids is not None:
-            types[row, : len(seq)] = torch.tensor(seq.type_ids, dtype=torch.long)
-    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
-    return ids, mask, types, lengths
+            types[row, : len(seq)] = seq.type_ids
+    return (torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(types),
+            torch.from_numpy(lengths))
 
 
 def _split_rows(packed: torch.Tensor, lengths: torch.Tensor) -> list[np.ndarray]:

@@ -5,7 +5,9 @@ an older transformers), with dynamic batch and sequence dimensions.
 
 What the graph computes is exactly what TorchBackend computes: each forward kind the model
 needs is traced through the LoadedModel method itself, so the decoder's last-token gather and a
-sequence classifier's per-token head are part of the graph. Pooling, Dense, truncation and
+sequence classifier's per-token head are part of the graph. A model on transformers' SDPA
+attention is traced with `traceable_attention` (its masks built without vmap, no query row
+left without a key: what Gemma3's bidirectional masks and ModernBERT's local attention need). Pooling, Dense, truncation and
 normalisation stay after the backend (`forward.py`), for every backend alike.
 
 The cache (see `OpenVinoCache`): the converted IR is saved under the state dir, keyed by the
@@ -31,10 +33,14 @@ import torch
 from poolwire.models.model import LoadedModel, ModelKind
 from poolwire.models.precision import PrecisionPlan
 from poolwire.models.task_heads import Forward
+from poolwire.models.traceable_attention import traceable_attention
 
 log = logging.getLogger(__name__)
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# What poolwire traces, beyond its version: raised when the same files and versions give another
+# graph, so an IR cached by the older trace is not reused (2: traceable_attention's masks).
+TRACE_REVISION = 2
 
 # Threads, streams and infer requests. The LATENCY hint gives one stream with a thread per core
 # (INFERENCE_NUM_THREADS unset; `--openvino-threads` overrides it) and one infer request, which
@@ -137,7 +143,7 @@ def cache_key(model: LoadedModel, forward: str, ov_version: str) -> str:
 
     parts = {"files": folder_digest(model.path), "dtype": str(model.dtype), "forward": forward,
              "poolwire": __version__, "transformers": transformers.__version__,
-             "openvino": ov_version}
+             "openvino": ov_version, "trace": TRACE_REVISION}
     if model.answer_tokens:  # a token-logit reranker's head: --reranker's tokens, not the files'
         parts["answer_tokens"] = list(model.answer_tokens)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
@@ -207,7 +213,8 @@ class OpenVinoBackend:
         shape = ov.PartialShape([-1, -1])
         # The tracer warns of every Python branch on a shape; they are the masking code's
         # checks that hold for every right-padded batch, not a start-up message for users.
-        with _no_kv_cache(self.model.module), warnings.catch_warnings():
+        with _no_kv_cache(self.model.module), traceable_attention(self.model.module), \
+                warnings.catch_warnings():
             warnings.simplefilter("ignore")
             graph = ov.convert_model(_Pass(self.model, forward),
                                      example_input=_example(self.model),

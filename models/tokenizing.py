@@ -70,6 +70,11 @@ class Tokenizing:
     def __init__(self, tokenizer, max_length: int) -> None:
         self._tok = tokenizer
         self.max_length = max_length
+        # The Rust tokenizer behind a fast one, called directly for plain ids: transformers'
+        # __call__ around it costs several times the encoding itself for a short text (it was
+        # the largest part of the event loop's time per request: bench/service_cost.py).
+        self._rust = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) \
+            else None
 
     def texts(self, texts: list[str], truncate: int | None, side: str,
               offsets: bool = False, longest: int | None = None) -> list[TokenSeq]:
@@ -124,9 +129,36 @@ class Tokenizing:
             out.append(TokenSeq(ids, types))
         return out
 
+    def _rust_ids(self, texts: list[str], limit: int | None, side: str) -> list[list[int]]:
+        """What `tokenizer(texts, add_special_tokens=True, truncation=..., max_length=limit)`
+        gives as input_ids, set up as transformers sets up the Rust tokenizer for that call
+        (set_truncation_and_padding: longest_first, stride 0, no padding)."""
+        rust = self._rust
+        if limit is None:
+            if rust.truncation is not None:
+                rust.no_truncation()
+        else:
+            target = {"max_length": limit, "stride": 0, "strategy": "longest_first",
+                      "direction": side}
+            current = rust.truncation
+            if current is None or any(current.get(k) != v for k, v in target.items()):
+                rust.enable_truncation(**target)
+        if rust.padding is not None:
+            rust.no_padding()
+        if len(texts) == 1:  # encode_batch hands even one text to its thread pool
+            return [rust.encode(texts[0], add_special_tokens=True).ids]
+        return [e.ids for e in rust.encode_batch(texts, add_special_tokens=True)]
+
     def _encode(self, texts, limit, side, with_offsets: bool = False, longest: int | None = None):
         """The ids of each text, or with_offsets the whole encoding (ids, offset_mapping,
         special_tokens_mask)."""
+        if self._rust is not None and not with_offsets:
+            ids = self._rust_ids(texts, limit, side)
+            if limit is None:
+                for i, seq in enumerate(ids):
+                    if len(seq) > (longest or self.max_length):
+                        raise _too_long(i, len(seq), longest or self.max_length, longest is not None)
+            return ids
         self._tok.truncation_side = side
         enc = self._tok(texts, add_special_tokens=True, truncation=limit is not None,
                         max_length=limit, return_attention_mask=False,

@@ -256,6 +256,55 @@ def build_zoo(root: Path, tokenizer_dir: Path) -> dict[str, Path]:
     return zoo
 
 
+# Issue 27's families that OpenVINO needed a different trace for (models/traceable_attention.py).
+EMBEDDING_GEMMA_PROMPTS = {"query": "task: search result | query: ",
+                           "document": "title: none | text: "}
+
+
+def embedding_gemma(folder: Path, tokenizer_dir: Path, seed: int = 61) -> Path:
+    """EmbeddingGemma's layout: a Gemma3TextModel with bidirectional attention (a sliding
+    layer whose window, 4 here, is shorter than the texts, then a full one), mean pooling, two
+    bias-free Dense modules (up, then down), Normalize, and its retrieval prompts."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                              intermediate_size=64, max_position_embeddings=512, pad_token_id=0,
+                              query_pre_attn_scalar=16, use_bidirectional_attention=True,
+                              sliding_window=4,
+                              layer_types=["sliding_attention", "full_attention"])
+    base = _save_hf(folder.with_name("_" + folder.name), Gemma3TextModel(config), tokenizer_dir)
+    identity = torch.nn.Identity()
+    modules = [models.Transformer(str(base)), models.Pooling(32, "mean"),
+               models.Dense(32, 64, bias=False, activation_function=identity),
+               models.Dense(64, 24, bias=False, activation_function=identity),
+               models.Normalize()]
+    SentenceTransformer(modules=modules, device="cpu", prompts=EMBEDDING_GEMMA_PROMPTS,
+                        similarity_fn_name="cosine").save(str(folder))
+    return folder
+
+
+def modernbert_cross_encoder(folder: Path, tokenizer_dir: Path, seed: int = 62) -> Path:
+    """A ModernBERT cross-encoder: one label, mean pooling over the tokens (as
+    `classifier_pooling: mean` rerankers ship), local attention of 8 (a window shorter than
+    the texts, so padded rows see no key), layers full, local, full."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = ModernBertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3,
+                              num_attention_heads=2, intermediate_size=64,
+                              max_position_embeddings=512, pad_token_id=0, cls_token_id=101,
+                              sep_token_id=102, bos_token_id=101, eos_token_id=102,
+                              local_attention=8, global_attn_every_n_layers=2,
+                              classifier_pooling="mean", **_labels(1))
+    base = _save_hf(folder.with_name("_" + folder.name),
+                    ModernBertForSequenceClassification(config), tokenizer_dir)
+    return _cross_encoder(folder, base, torch.nn.Sigmoid())
+
+
 # ---- PROTOCOL 1.3: rerankers that score with token logits (issue 27) ----
 
 RERANK_TEXTS = ["where is the station", "the station is north of the river", "a red car",

@@ -73,3 +73,37 @@ json_values = st.recursive(
 @given(st.dictionaries(st.text(max_size=8), json_values, max_size=5), st.sampled_from(list(WireFormat)))
 def test_round_trip_of_maps_in_both_encodings(frame, fmt):
     assert decode(encode(frame, fmt)) == (frame, fmt)
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (15,), (16,), (384,), (70000,), (3, 4), (20, 17)])
+def test_float32_rows_encode_as_the_floats_would(shape):
+    """Float32Rows: the same bytes as the values packed one by one as 32-bit floats, and the
+    same JSON as the list of them."""
+    import json
+
+    import msgpack
+    import numpy as np
+
+    from poolwire.schemas.codec import Float32Rows
+
+    a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    if a.size:
+        a.flat[0] = np.inf
+    frame = {"request_id": "r", "data": [{"index": i, "data": Float32Rows(a)} for i in range(2)]}
+    plain = {"request_id": "r", "data": [{"index": i, "data": a.tolist()} for i in range(2)]}
+    assert encode(frame, WireFormat.MSGPACK) == msgpack.packb(plain, use_single_float=True,
+                                                              use_bin_type=True)
+    assert encode(frame, WireFormat.JSON) == json.dumps(plain, separators=(",", ":")).encode()
+
+
+def test_float32_rows_beside_bytes_that_hold_the_marker_still_encode_exactly():
+    import msgpack
+    import numpy as np
+
+    from poolwire.schemas import codec
+
+    a = np.ones(4, np.float32)
+    hostile = codec._PACKED_MARK + bytes(4)  # what the first array's marker looks like
+    frame = {"bytes": hostile, "data": codec.Float32Rows(a)}
+    assert encode(frame, WireFormat.MSGPACK) == msgpack.packb(
+        {"bytes": hostile, "data": a.tolist()}, use_single_float=True, use_bin_type=True)

@@ -1,6 +1,8 @@
-"""compose.yaml, both Dockerfiles and .dockerignore, checked statically (no Docker engine runs
-here): hadolint on the Dockerfiles, every command and variable compose uses exists in the CLI,
-and the operational settings (health, restart, drain, ports, mounts) hold."""
+"""compose.yaml, both Dockerfiles and .dockerignore, checked statically: hadolint on the
+Dockerfiles, every command and variable compose uses exists in the CLI, and the operational
+settings (health, restart, drain, ports, mounts) hold. `make compose-test` (tests/compose/run.sh)
+builds the images and runs compose.yaml for real; here only what it relies on: the build
+arguments and how little its override changes."""
 
 import platform
 import re
@@ -102,6 +104,26 @@ def test_dockerfiles_install_dependencies_before_the_source_and_run_as_a_user(na
     assert 'ENTRYPOINT ["poolwire"]' in lines and any("HF_HUB_OFFLINE=1" in line for line in lines)
 
 
+def build_args(name: str) -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", (ROOT / name).read_text(), re.M))
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_the_base_image_and_the_indexes_are_build_arguments_defaulting_to_the_public_ones(name):
+    text = (ROOT / name).read_text()
+    args = build_args(name)
+    # ARG before FROM is the only way a FROM line takes an argument.
+    assert text.index("ARG BASE_IMAGE=") < text.index("FROM ${BASE_IMAGE}")
+    assert args["BASE_IMAGE"] == "python:3.11-slim"
+    assert args["TORCH_INDEX_URL"] == ("https://download.pytorch.org/whl/cpu" if name == "Dockerfile"
+                                       else "https://pypi.org/simple")
+    assert args["PIP_INDEX_URL"] == "https://pypi.org/simple"
+    assert 'pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"' in text
+    # PIP_INDEX_URL reaches pip through the environment of RUN only: never an ENV of the image.
+    assert not re.search(r"^ENV .*PIP_INDEX_URL", text, re.M)
+    assert args["TORCH_VERSION"] == "2.13.0"
+
+
 def test_the_cpu_image_takes_the_cpu_torch_and_the_gpu_image_has_a_compiler_for_triton():
     cpu = (ROOT / "Dockerfile").read_text()
     assert "download.pytorch.org/whl/cpu" in cpu and "'triton'" in cpu
@@ -143,3 +165,46 @@ def test_hadolint_finds_nothing_in_the_dockerfiles(name):
     out = subprocess.run([str(HADOLINT), "--no-color", str(ROOT / name)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """Compose's `!reset` tag (an override that empties a list of the base file) read as the
+    marker RESET."""
+
+
+RESET = object()
+ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+TEST_OVERRIDE = yaml.load((ROOT / "tests/compose/compose.test.yaml").read_text(), ComposeLoader)
+
+
+def test_the_compose_test_override_changes_only_what_cannot_exist_on_a_machine_without_hubs():
+    """make compose-test runs the real compose.yaml: its override only swaps NATS's image for
+    the worker image's nats-server, moves everything to the host's loopback, and points at
+    the test's own seed; the workers keep their image, command, healthcheck, restart policy,
+    drain and replicas."""
+    services = TEST_OVERRIDE["services"]
+    assert set(services) == {"nats", "worker"}
+    nats, worker = services["nats"], services["worker"]
+    assert nats["image"] == SERVICES["worker"]["image"] and nats["entrypoint"] == ["nats-server"]
+    assert set(nats) == {"image", "entrypoint", "user", "network_mode", "ports", "command",
+                         "healthcheck"}
+    # The same server configuration and JetStream store as compose.yaml's NATS.
+    assert nats["command"][:5] == SERVICES["nats"]["command"][:5]
+    assert set(worker) == {"network_mode", "expose", "environment"}
+    assert nats["ports"] is RESET and worker["expose"] is RESET  # host networking publishes nothing
+    assert nats["network_mode"] == worker["network_mode"] == "host"
+    assert worker["environment"]["NATS_URL"].startswith("nats://127.0.0.1:")
+    assert set(worker["environment"]) - set(SERVICES["worker"]["environment"]) == {"POOLWIRE_DURABLE"}
+    assert set(TEST_OVERRIDE["secrets"]) == set(COMPOSE["secrets"])
+
+
+def test_the_wheelhouse_lists_what_the_dockerfiles_install():
+    """make_base.sh finds each Dockerfile's requirements program with sed, so that its
+    wheelhouse cannot drift from what the images install: the sed must find it in both."""
+    script = (ROOT / "deploy/images/make_base.sh").read_text()
+    expression = re.search(r"sed -n '(.*?)'", script).group(1)
+    for name in DOCKERFILES:
+        found = subprocess.run(["sed", "-n", expression, str(ROOT / name)], capture_output=True,
+                               text=True, check=True, timeout=60).stdout.strip()
+        assert found == re.search(r'RUN python -c "(.*?)" > /tmp/requirements.txt',
+                                  (ROOT / name).read_text()).group(1)

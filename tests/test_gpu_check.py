@@ -44,6 +44,9 @@ def test_the_plan_runs_kernel_tests_kernel_benchmark_and_every_precision_mode():
     assert len(e2e) == 1 and "--device cuda --modes exact,fast,float16" in e2e[0]
     assert "--configs inprocess,c1,c64,4x32 --texts 2000" in e2e[0]
     assert any("bench/ceiling.py --device cuda" in c for c in commands), commands
+    service = [c for c in commands if "bench/service_cost.py" in c]
+    assert len(service) == 2 and all("--worker-args=--device cuda" in c for c in service)
+    assert "--processes" not in service[0] and "--processes 2" in service[1]  # one GPU, two processes
 
 
 def test_the_throughput_step_alone_on_a_cpu():

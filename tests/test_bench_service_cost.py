@@ -1,0 +1,74 @@
+"""bench/service_cost.py: its pure parts (which thread is which, the CPU split, the table) and
+one tiny run end to end, every request answered on both sides. Never asserts on speed."""
+
+import json
+import math
+
+import pytest
+
+from bench import service_cost as sc
+
+PID = 100
+
+
+def test_threads_are_grouped_by_role():
+    assert sc.thread_group(PID, PID, "python") == "event loop"
+    assert sc.thread_group(PID, 101, "poolwire-forwar") == "forward"  # comm: 15 characters
+    assert sc.thread_group(PID, 102, "python") == "backend threads"
+
+
+def test_cpu_split_counts_only_what_each_thread_spent_meanwhile():
+    before = {PID: ("python", 1.0), 101: ("poolwire-forwar", 2.0), 102: ("ov_thread", 0.5)}
+    after = {PID: ("python", 1.5), 101: ("poolwire-forwar", 2.25), 102: ("ov_thread", 0.5),
+             103: ("tbb_worker", 0.125)}  # started meanwhile: all of it counts
+    groups, names = sc.cpu_by_group(PID, before, after)
+    assert groups == {"event loop": 0.5, "forward": 0.25, "backend threads": 0.125}
+    assert names == ["tbb_worker"]  # 102 spent nothing
+
+
+def test_table_shows_ratios_each_way_and_cpu_per_text():
+    def side(texts, wall, lat, cpu):
+        return sc.Side(texts=texts, wall_s=wall, latencies_ms=lat, cpu_s=cpu)
+
+    rows = [sc.ShapeResult(sc.SHAPES[0], side(1000, 1.0, [1.0], {"process": 0.01}),
+                           side(1000, 2.0, [2.0], {"event loop": 0.2, "forward": 0.1,
+                                                   "backend threads": 0.0}), [], 1.5, 0.25),
+            sc.ShapeResult(sc.SHAPES[2], side(10, 1.0, [0.2, 0.25, 0.3], {"process": 0.001}),
+                           side(10, 1.0, [0.5, 0.6, 0.7], {"event loop": 0.01}), [], 1.5, 0.25)]
+    text = sc.markdown(rows, "2 CPU cores (test)", "cmd", processes=2)
+    assert "| 1 text a request, 64 in flight | 1,000 texts/s | 500 texts/s | 0.50x | 1.50 | 0.25 |" in text
+    assert "| one request at a time, median round trip | 0.25 ms | 0.60 ms | 2.40x |" in text
+    assert "poolwire, near-zero model, 2 processes" in text
+    # 0.3 s of the worker's CPU over 1,000 texts: 0.3 ms a text; the responder 0.01 ms.
+    assert "| 1 text a request, 64 in flight | 0.200 | 0.100 | 0.000 | 0.300 | 0.010 |" in text
+    assert "CPU: 2 CPU cores (test)" in text and "command: cmd" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shapes", "1x64,9x9"], "--shapes 9x9: unknown"),
+    (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--processes", "0"], "--processes must be at least 1"),
+    (["--scale", "0"], "--scale must be above 0"),
+])
+def test_bad_arguments_name_the_value(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        sc.main(args)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_a_tiny_run_answers_every_request_on_both_sides(tmp_path, capsys):
+    out = tmp_path / "cost.json"
+    # torch: no OpenVINO conversion at start, the test's largest cost.
+    rc = sc.main(["--scale", "0.02", "--rounds", "1", "--shapes", "32x8,1x1",
+                  "--worker-args=--backend torch", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    results = json.loads(out.read_text())
+    assert [r["shape"]["key"] for r in results] == ["32x8", "1x1"]
+    for r in results:
+        for side in ("bare", "poolwire"):
+            assert r[side]["errors"] == 0 and r[side]["texts"] > 0
+        assert math.isfinite(r["ratio"]) and r["ratio"] > 0
+        assert r["poolwire"]["cpu_s"]["event loop"] > 0  # the split was read from /proc
+    assert text.count("texts/s") >= 2 and "median round trip" in text

@@ -1,0 +1,56 @@
+"""The Rust tokenizer called directly (models/tokenizing.py's fast path) gives exactly the ids
+that the transformers tokenizer's __call__ gives, whatever truncation, side or state an earlier
+call left on the shared Rust tokenizer, and over-long input is still refused."""
+
+import copy
+
+import pytest
+
+from poolwire.models.tokenizing import Tokenizing
+from poolwire.schemas.errors import PoolingError
+
+TEXTS = ["a", "Hello, world!", "naïve café — 東京 🙂 " * 3, "word " * 300, "  spaced\tout\n",
+         "[CLS] literal special tokens [SEP]"]
+
+
+def _reference(tok, texts, limit, side):
+    tok.truncation_side = side
+    return tok(texts, add_special_tokens=True, truncation=limit is not None, max_length=limit,
+               return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def tok(minilm):
+    return copy.deepcopy(minilm.tokenizer)  # this module changes its state; others keep theirs
+
+
+@pytest.mark.parametrize("truncate", [-1, 7, 1])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_ids_match_the_tokenizer_call(tok, truncate, side):
+    tokenizing = Tokenizing(tok, 256)
+    limit = 256 if truncate == -1 else truncate
+    assert tokenizing._rust is not None
+    for texts in (TEXTS, TEXTS[:1], TEXTS[3:4]):
+        got = [s.ids for s in tokenizing.texts(texts, truncate, side)]
+        assert got == _reference(tok, texts, limit, side)
+        # A transformers call in between (offsets, pairs) sets its own state; ours is reset.
+        tokenizing.texts(TEXTS[:2], None, "left", offsets=True)
+        tokenizing.pairs(["q"], ["d " * 400], 9, "right")
+        assert [s.ids for s in tokenizing.texts(texts, truncate, side)] == got
+
+
+def test_untruncated_input_is_measured_and_refused_as_before(tok):
+    tokenizing = Tokenizing(tok, 256)
+    tokenizing.texts(TEXTS, 5, "left")  # leaves truncation on
+    short = [t for t in TEXTS if len(t) < 100]
+    assert [s.ids for s in tokenizing.texts(short, None, "right")] == _reference(tok, short, None, "right")
+    with pytest.raises(PoolingError) as err:
+        tokenizing.texts(TEXTS, None, "right")
+    assert err.value.extra == {"max_tokens": 256, "index": 3}
+
+
+def test_padding_set_on_the_rust_tokenizer_is_not_applied(tok):
+    tok._tokenizer.enable_padding(length=64)
+    tokenizing = Tokenizing(tok, 256)
+    assert [s.ids for s in tokenizing.texts(TEXTS[:2], None, "right")] == \
+        _reference(tok, TEXTS[:2], None, "right")
