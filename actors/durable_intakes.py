@@ -25,6 +25,7 @@ def pipeline_spec(settings: WorkerSettings, policy: TaskPolicy) -> PipelineSpec:
     return PipelineSpec(stream=s.pipeline_stream, input=s.pipeline_input.rstrip(".>"),
                         output=s.pipeline_output.rstrip(".>"), task=task,
                         text_field=s.pipeline_text_field, id_field=s.pipeline_id_field,
+                        image_field=s.pipeline_image_field,
                         # With chunked processing an embed pipeline keeps whole documents
                         # (up to --max-embed-len) instead of cutting them to the model's maximum.
                         truncate=s.pipeline_truncate and not (s.chunked_processing

@@ -29,6 +29,7 @@ from poolwire.models.sparse_vector import SparseVector
 from poolwire.models.task_heads import TaskPlan, plan_task
 from poolwire.models.tokenizing import Tokenizing
 from poolwire.schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.media import has_images
 from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,15 @@ class _Looked:
     cached: object  # the cache's Lookup, or None: compute it all
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A job back from its images' preparation (actors/image_intake.py), which ran beside the
+    mailbox: its decoded, preprocessed images by (field, index)."""
+
+    job: Job
+    images: dict
+
+
 @dataclass(eq=False)
 class InFlight:
     """One admitted request: its plan, the outputs kept for its reply, and what is left."""
@@ -103,8 +113,10 @@ class EngineActor(Actor):
                  mailbox_size: int = 4096, metrics: WorkerMetrics | None = None,
                  backend: Backend | None = None, score_method: str | None = None,
                  tracing: Tracing = OFF, cache=None,
-                 hybrid_weights: tuple[float, float, float] | None = None) -> None:
+                 hybrid_weights: tuple[float, float, float] | None = None,
+                 images=None) -> None:
         super().__init__(mailbox_size)
+        self._images = images  # an ImageIntake on a multimodal model, else None
         self.score_method = score_method  # None: the model's own (task_heads.default_score_method)
         self.hybrid_weights = hybrid_weights  # BGE-M3's hybrid score (None: the model card's)
         self._tracing = tracing
@@ -148,9 +160,12 @@ class EngineActor(Actor):
     def queued_tokens(self) -> int:
         return self._planner.queued_tokens
 
-    async def receive(self, message: "Job | _Looked") -> None:
+    async def receive(self, message: "Job | _Looked | _Prepared") -> None:
         if isinstance(message, _Looked):
             await self._take(message.job, message.cached)
+            return
+        if isinstance(message, _Prepared):
+            await self._take(message.job, None, message.images)
             return
         job = message
         try:
@@ -160,10 +175,44 @@ class EngineActor(Actor):
         except PoolingError as err:
             await self._refuse(job, err)
             return
-        if self._cache is None:
+        if self._images is not None and has_images(job.request):
+            self._prepare(job)
+        elif self._cache is None or self.model.towers is not None:
+            # The cache keys texts; a multimodal model's requests are computed without it.
             await self._take(job, None)
         else:
             self._look_up(job)
+
+    def _prepare(self, job: Job) -> None:
+        """Images are read from the object store and decoded and preprocessed in a thread
+        pool, beside the mailbox (as a cache lookup is); the job comes back as `_Prepared`, or
+        is refused with the error naming its element, before it costs any model time."""
+        self._looking += 1
+        task = asyncio.create_task(self._prepare_then_return(job), name="poolwire-images")
+        self._lookups.add(task)
+        task.add_done_callback(self._lookups.discard)
+
+    async def _prepare_then_return(self, job: Job) -> None:
+        try:
+            try:
+                with trace_of(job).stage("images"):
+                    images = await self._images.prepare(job.request)
+            except PoolingError as err:
+                await self._refuse(job, err)
+                return
+            except Exception as exc:  # nothing a client sent is lost without an answer
+                log.exception("preparing the images of %s failed", job.request_id)
+                await self._refuse(job, PoolingError(ErrorCode.INTERNAL,
+                                                     f"preparing its images failed: {exc!r}"))
+                return
+            try:
+                self.tell(_Prepared(job, images))
+            except MailboxFull:
+                await self._refuse(job, PoolingError(
+                    ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later or add "
+                                          "workers", retry_after_ms=100))
+        finally:
+            self._looking -= 1
 
     def _look_up(self, job: Job) -> None:
         """A lookup is a round trip to the bucket (up to the cache's LOOKUP_TIMEOUT_S when its
@@ -196,15 +245,16 @@ class EngineActor(Actor):
         await self._replier.send_error(job.reply, job.request_id, err, job.fmt, job.headers)
         trace_of(job).end(err.code)
 
-    async def _take(self, job: Job, cached) -> None:
-        """Plan, admit and queue a job, `cached` being its result cache lookup (or None)."""
+    async def _take(self, job: Job, cached, images: dict | None = None) -> None:
+        """Plan, admit and queue a job, `cached` being its result cache lookup (or None),
+        `images` its prepared images (multimodal models)."""
         trace = trace_of(job)
         try:
             if cached is not None and cached.request is None:
                 plan = cached.plan(None)  # every item hit: nothing to tokenize or compute
             else:
                 with self.stats.timed("tokenize"), trace.stage("tokenize"):
-                    plan = self._plan(job, cached.request if cached else job.request)
+                    plan = self._plan(job, cached.request if cached else job.request, images)
                     if cached is not None and plan.chunks is not None:
                         # The cache maps one sequence to one item; a chunked input is several
                         # sequences, so a request with one is computed whole, without it.
@@ -225,10 +275,12 @@ class EngineActor(Actor):
         self._inflight.add(flight)
         if cached is not None:
             await self._cached_items(flight, cached)  # before any computed item can finish it
-        # The group keeps batches to one forward kind and one adapter (PROTOCOL 1.3: requests
-        # with different adapters never share a forward pass).
-        group = f"{plan.spec.group}#{job.request_id}" if job.solo else plan.spec.group
         for i, seq in enumerate(plan.sequences):
+            # The group keeps batches to one forward kind and one adapter (PROTOCOL 1.3: requests
+            # with different adapters never share a forward pass), so one modality on a
+            # multimodal model.
+            kind = plan.spec_for(i).group
+            group = f"{kind}#{job.request_id}" if job.solo else kind
             item = QueuedItem(tokens=len(seq), priority=request.priority, deadline=job.deadline,
                               group=group, payload=(flight, i))
             flight.queued.append(item)
@@ -259,10 +311,10 @@ class EngineActor(Actor):
         except PoolingError as err:
             await self._fail(flight, err)
 
-    def _plan(self, job: Job, request) -> TaskPlan:
+    def _plan(self, job: Job, request, images: dict | None = None) -> TaskPlan:
         return plan_task(job.task, request, self.model, self._tokenizing,
                          score_method=self.score_method, max_embed_len=self.limits.max_embed_len,
-                         hybrid_weights=self.hybrid_weights)
+                         hybrid_weights=self.hybrid_weights, images=images)
 
     def _admit(self, plan: TaskPlan) -> None:
         tokens = sum(len(s) for s in plan.sequences)
@@ -274,8 +326,8 @@ class EngineActor(Actor):
                                f"{self.limits.max_queued_tokens}); retry later or add workers",
                                retry_after_ms=max(1, int(1000 * queued / rate)))
 
-    async def on_failure(self, message: "Job | _Looked", exc: BaseException) -> None:
-        job = message.job if isinstance(message, _Looked) else message
+    async def on_failure(self, message: "Job | _Looked | _Prepared", exc: BaseException) -> None:
+        job = message.job if isinstance(message, (_Looked, _Prepared)) else message
         await self._replier.send_error(job.reply, job.request_id,
                                        PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
                                        job.fmt, job.headers)
@@ -310,7 +362,7 @@ class EngineActor(Actor):
             for item in batch:
                 flight, i = item.payload
                 seqs.append(flight.plan.sequences[i])
-                specs.append(flight.plan.spec)
+                specs.append(flight.plan.spec_for(i))
             self._in_forward += 1
             span = self._tracing.forward_started(
                 [trace_of(item.payload[0].job) for item in batch], len(seqs),
@@ -459,7 +511,8 @@ class EngineActor(Actor):
             await self._send_items(flight, items if flight.keeps_outputs else [])
             with self.stats.timed("encode"):
                 body = done_frame(job.request_id, self.model.name, job.task.value,
-                                  plan.prompt_tokens, flight.style, warnings, labels)
+                                  plan.prompt_tokens, flight.style, warnings, labels,
+                                  images=plan.images)
         else:
             with self.stats.timed("encode"):
                 wire = [wire_item(i, _item(v), flight.style, extras=plan.extras(i, v))
@@ -467,7 +520,7 @@ class EngineActor(Actor):
                 room, room_headers = reply_room(job, self._replier.max_payload)
                 body = one_reply(job.request_id, self.model.name, job.task.value, wire,
                                  plan.prompt_tokens, flight.style, room, room_headers,
-                                 warnings, labels)
+                                 warnings, labels, images=plan.images)
         flight.answered = True
         self._inflight.discard(flight)
         await self._publish(job, body)
@@ -488,3 +541,5 @@ class EngineActor(Actor):
             self._last_delivery.cancel()
             await asyncio.gather(self._last_delivery, return_exceptions=True)
         self._forward_thread.shutdown(wait=True, cancel_futures=True)
+        if self._images is not None:
+            self._images.close()

@@ -103,9 +103,9 @@ def _rows_extras(extras: dict[str, Any] | None, offset: int, count: int) -> dict
 def one_reply(request_id: str, model: str, task: str, items: list[dict[str, Any]],
               prompt_tokens: int, style: ReplyStyle, max_payload: int,
               headers: dict[str, str] | None = None, warnings: list[str] | None = None,
-              labels: list[str] | None = None) -> bytes:
+              labels: list[str] | None = None, images: int = 0) -> bytes:
     """The whole answer as one message, or PoolingError(payload_too_large) if it cannot fit."""
-    frame = _closing(request_id, model, task, prompt_tokens, warnings, labels)
+    frame = _closing(request_id, model, task, prompt_tokens, warnings, labels, images)
     frame["data"] = items
     body = encode(frame, style.fmt)
     limit = max_payload - header_bytes(headers)
@@ -160,19 +160,23 @@ def item_frames(request_id: str, index: int, values: np.ndarray, style: ReplySty
 
 
 def done_frame(request_id: str, model: str, task: str, prompt_tokens: int, style: ReplyStyle,
-               warnings: list[str] | None = None, labels: list[str] | None = None) -> bytes:
-    frame = _closing(request_id, model, task, prompt_tokens, warnings, labels)
+               warnings: list[str] | None = None, labels: list[str] | None = None,
+               images: int = 0) -> bytes:
+    frame = _closing(request_id, model, task, prompt_tokens, warnings, labels, images)
     frame["done"] = True
     return encode(frame, style.fmt)
 
 
 def _closing(request_id: str, model: str, task: str, prompt_tokens: int,
-             warnings: list[str] | None, labels: list[str] | None) -> dict[str, Any]:
+             warnings: list[str] | None, labels: list[str] | None,
+             images: int = 0) -> dict[str, Any]:
     """What a request's last frame says, whether it is the one reply or the `done` frame."""
     frame: dict[str, Any] = {
         "request_id": request_id, "model": model, "task": task,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
+    if images:  # PROTOCOL 1.3: the image elements computed; absent when there are none
+        frame["usage"]["images"] = images
     if labels:
         frame["labels"] = labels
     if warnings:

@@ -40,6 +40,9 @@ class PipelineSpec:
     text_field: str = "text"
     id_field: str | None = None  # None: the document's id is its stream sequence
     truncate: bool = True
+    # A multimodal model's image field (PROTOCOL 1.3): bytes, or {bucket, name} of an object in
+    # the NATS object store; a document holding it is embedded as that image.
+    image_field: str | None = None
 
 
 def output_subject(subject: str, input_root: str, output_root: str) -> str:
@@ -107,10 +110,25 @@ def doc_id_bytes(doc_id: Any, fmt: WireFormat) -> int:
     return len(encode({"doc_id": doc_id}, fmt)) + (2 if fmt is WireFormat.MSGPACK else 0)
 
 
+def image_element(value: Any, field: str, request_id: str) -> dict:
+    """A document's image as a request element: bytes (or base64 in a JSON document) inline, a
+    map as an object store reference (validated with the request)."""
+    if isinstance(value, dict):
+        return {"image_ref": value}
+    if isinstance(value, (bytes, str)):
+        return {"image": value}
+    raise invalid(f"document {request_id}: field {field!r} holds a {type(value).__name__}; an "
+                  f"image is bytes (base64 in JSON) or {{bucket, name}} of an object in the NATS "
+                  f"object store", field=field)
+
+
 def request_for(doc: Any, spec: PipelineSpec, request_id: str) -> dict:
     """The pooling request of one document; raises invalid_request naming what is missing."""
     if not isinstance(doc, dict):
         raise invalid(f"document {request_id} is a {type(doc).__name__}, not a map")
+    if spec.image_field is not None and doc.get(spec.image_field) is not None:
+        return {"input": image_element(doc[spec.image_field], spec.image_field, request_id),
+                "request_id": request_id}
     if spec.text_field not in doc:
         raise invalid(f"document {request_id} has no field {spec.text_field!r} (it has: "
                       f"{field_list(doc)}); set --pipeline-text-field to the field holding the "

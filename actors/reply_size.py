@@ -17,6 +17,7 @@ from typing import Any
 from poolwire.actors.framing import header_bytes
 from poolwire.schemas.codec import WireFormat, encode
 from poolwire.schemas.errors import ErrorCode, PoolingError
+from poolwire.schemas.media import text_of
 from poolwire.schemas.tasks import TOKEN_LEVEL_TASKS, Task
 
 JSON_FLOAT_CHARS = 23
@@ -124,12 +125,12 @@ def request_items(task: Task, request) -> int:
     if task is Task.SCORE and request.documents is not None:  # the rerank form
         return min(request.top_n or len(request.documents), len(request.documents))
     if task is Task.SCORE:
-        a = 1 if isinstance(request.text_1, str) else len(request.text_1)
-        b = 1 if isinstance(request.text_2, str) else len(request.text_2)
+        a = len(request.text_1) if isinstance(request.text_1, list) else 1  # one element
+        b = len(request.text_2) if isinstance(request.text_2, list) else 1
         return max(a, b) if a == b or 1 in (a, b) else 0
     value = request.input
-    if isinstance(value, str) or (value and isinstance(value[0], int)):
-        return 1  # one text, or one list of token ids
+    if not isinstance(value, list) or (value and isinstance(value[0], int)):
+        return 1  # one text or image, or one list of token ids
     return len(value)
 
 
@@ -138,7 +139,9 @@ def documents_bytes(request, fmt: WireFormat) -> int:
     documents, each with its key."""
     if not request.return_documents or request.documents is None:
         return 0
-    sizes = sorted((len(encode({"document": d}, fmt)) for d in request.documents), reverse=True)
+    texts = (text_of(d) for d in request.documents)  # image documents are not echoed (1.3)
+    sizes = sorted((len(encode({"document": t}, fmt)) for t in texts if t is not None),
+                   reverse=True)
     return sum(sizes[:request.top_n or len(sizes)])
 
 

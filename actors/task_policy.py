@@ -11,7 +11,9 @@ from poolwire.schemas.tasks import Task, in_protocol_order
 #   *ForSequenceClassification           : classify, token_classify, + score if one label
 #   *ForTokenClassification              : token_classify
 #   SparseEncoder (masked LM + SPLADE)   : embed (sparse items), score (dot product)
+#   CLIP / SigLIP (texts and images)     : embed, score (cosine); images have no token rows
 _BY_KIND = {
+    "multimodal": (Task.EMBED, Task.SCORE),
     "encoder": (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
     "sparse": (Task.EMBED, Task.SCORE),
     "sequence_classification": (Task.CLASSIFY, Task.TOKEN_CLASSIFY),
@@ -102,7 +104,7 @@ class TaskPolicy:
 def score_task(kind: str) -> Task:
     """The task a score request is computed with: embed (cosine) on an encoder, embed (dot
     product) on a sparse model, classify on a one-label cross-encoder."""
-    return Task.EMBED if kind in ("encoder", "sparse") else Task.CLASSIFY
+    return Task.EMBED if kind in ("encoder", "sparse", "multimodal") else Task.CLASSIFY
 
 
 def score_uses_configured_task(kind: str, num_labels: int, configured: Task) -> bool:
@@ -110,7 +112,7 @@ def score_uses_configured_task(kind: str, num_labels: int, configured: Task) -> 
     product of sparse embed vectors, or a one-label classify cross-encoder."""
     if kind == "encoder":
         return configured in (Task.EMBED, Task.TOKEN_EMBED)
-    if kind == "sparse":
+    if kind in ("sparse", "multimodal"):
         return configured is Task.EMBED
     return kind == "sequence_classification" and num_labels == 1 and configured is Task.CLASSIFY
 
@@ -129,6 +131,8 @@ def score_method(kind: str, num_labels: int, configured: Task,
         return "dot"
     if kind == "encoder":
         return "maxsim" if configured is Task.TOKEN_EMBED else "cosine"
+    if kind == "multimodal":
+        return "cosine"
     return None
 
 

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from poolwire.actors.messages import Incoming, Job
-from poolwire.models.model_fields import ModelFacts, check_model_fields
+from poolwire.models.model_fields import ModelFacts, check_model_fields, texts_as_strings
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Actor, MailboxFull
 from poolwire.actors.stats import StageStats
@@ -107,6 +107,8 @@ class ValidatorActor(Actor):
             raise self._task_error(incoming.task_name, verdict)
         request = parse_request(task, incoming.body)
         check_against_model(task, request, self.limits)
+        if not (self.limits.facts and self.limits.facts.images):
+            request = texts_as_strings(request)
         job = Job(request=request, task=task, reply=incoming.reply, fmt=incoming.fmt,
                   request_id=incoming.request_id, received_at=incoming.received_at,
                   solo=incoming.solo, reserve=incoming.reserve,

@@ -12,7 +12,8 @@ import nats.errors
 
 from poolwire import __version__
 from poolwire.nats_connect import close_quietly, connect, nats_options
-from poolwire.actors.batch_cost import AUTO, BatchCost, batch_cost_of, budget_rule
+from poolwire.actors.batch_cost import AUTO, CPU_BUDGET, BatchCost, batch_cost_of, budget_rule
+from poolwire.actors.image_intake import ImageIntake
 from poolwire.actors.engine import EngineActor, EngineLimits
 from poolwire.actors.selfcheck import SelfCheck
 from poolwire.actors.watchdog import Watchdog
@@ -107,6 +108,10 @@ class Worker:
         # forward-pass cost (actors/batch_cost.py; measuring also warms the model up).
         self.batch_cost: BatchCost | None = None
         budget = budget_rule(settings.max_added_padding, model.device.type, self.backend.name)
+        if budget == AUTO and model.towers is not None:
+            # The measurement runs the text encoder's forward pass; images all have one length
+            # and CLIP texts are short, so the CPU's default serves.
+            budget = CPU_BUDGET
         if budget == AUTO:
             self.batch_cost = batch_cost_of(self.backend)
             budget = self.batch_cost.padding_budget(settings.max_batch_tokens)
@@ -179,7 +184,9 @@ class Worker:
             max_queued_tokens=s.max_queued_tokens, max_embed_len=self.max_embed_len), self.events,
             self.stats, metrics=self.metrics, backend=self.backend,
             score_method=self.policy.score_method, tracing=self.tracing, cache=self.cache,
-            hybrid_weights=s.hybrid)
+            hybrid_weights=s.hybrid,
+            images=(ImageIntake(self.model.towers, s.max_image_pixels, self.nc)
+                    if self.model.towers is not None else None))
         self.validator = ValidatorActor(
             self.policy, ModelLimits(self.model.name, self.model.max_length,
                                      self.model.embedding_size, ModelFacts.of(self.model)),
@@ -258,6 +265,7 @@ class Worker:
                 "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
                 "precision": self.precision.served,  # "exact" or "fast", as served
                 "backend": self.backend.name,
+                "modalities": "text,image" if model.towers is not None else "text",
                 **model_metadata(model, policy, s.hybrid)}
 
     def _start_metrics(self) -> None:

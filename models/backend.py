@@ -61,7 +61,14 @@ class TorchBackend:
                 return model.head_logits(ids, mask, types)        # [B, labels]
             if forward == Forward.MLM_LOGITS:
                 return model.mlm_logits(ids, mask, types)         # [B, T, vocabulary]
+            if forward == Forward.TEXT_FEATURES:
+                return model.towers.text_features(ids, mask)      # [B, D]
             return model.token_logits(ids, mask, types)           # [B, T, labels]
+
+    def run_images(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A multimodal model's image tower on a batch of preprocessed images -> [B, D]."""
+        with torch.inference_mode(), autocast(self.precision):
+            return self.model.towers.image_features(inputs)
 
     def describe(self) -> str:
         why = f" ({self.reason})" if self.reason else ""

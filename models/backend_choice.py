@@ -171,6 +171,15 @@ def build_backend(requested: str, model: LoadedModel, precision: str, weights_dt
     plan = plan_backend(requested, str(model.device), weights_dtype,
                         _openvino_missing() if requested != "torch" else None)
     reason = plan.reason
+    if plan.try_openvino and model.towers is not None:
+        # Converting the two towers (and SigLIP 2's variable patches) and checking both against
+        # torch is not done: torch serves them, and says so.
+        why = (f"{model.name} is a {model.towers.model_type} model (texts and images), whose "
+               f"towers poolwire serves with torch only")
+        if plan.required:
+            raise BackendError(f"--backend openvino cannot serve {model.name}: {why}; pass "
+                               f"--backend torch or auto")
+        plan, reason = BackendPlan(False, False), f"auto chose torch: {why}"
     if plan.try_openvino:
         import openvino as ov
 

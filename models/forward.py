@@ -55,6 +55,10 @@ def run_batch(backend: Backend, seqs: list[TokenSeq], specs: list[PoolSpec]) -> 
     forward, adapter = specs[0].forward, specs[0].adapter
     if any(s.forward != forward or s.adapter != adapter for s in specs):
         raise ValueError("a micro-batch must need one kind of forward pass and one adapter")
+    if forward in (Forward.TEXT_FEATURES, Forward.IMAGE_FEATURES):
+        from poolwire.models.multimodal_forward import run_towers
+
+        return run_towers(backend, seqs, specs)
     model = backend.model
     started = time.perf_counter()
     pad_id = model.tokenizer.pad_token_id or 0

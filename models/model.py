@@ -18,6 +18,7 @@ from poolwire.models.adapters import Adapters, adapters_of, attach_adapters
 from poolwire.models.m3 import M3Heads, read_m3_heads
 from poolwire.models.model_source import LOCAL_REVISION, resolve_model_source
 from poolwire.models.per_token_head import TokenHead, per_token_head
+from poolwire.models.multimodal import Towers, find_multimodal
 from poolwire.models.remote_code import check_remote_code
 from poolwire.models.sparse import SpladeConfig  # noqa: F401 (the `sparse` field's type)
 from poolwire.models.st_folder import (SentenceTransformersConfig,  # noqa: F401 (re-exported)
@@ -43,6 +44,7 @@ class ModelKind:
     SEQUENCE_CLASSIFICATION = "sequence_classification"
     TOKEN_CLASSIFICATION = "token_classification"
     SPARSE = "sparse"                        # a SparseEncoder folder (masked LM + SpladePooling)
+    MULTIMODAL = "multimodal"                # texts and images in one space (CLIP, SigLIP)
 
 
 def kind_of_architecture(architecture: str) -> str:
@@ -146,6 +148,7 @@ class LoadedModel:
     remote_code: tuple[str, ...] = ()   # the folder's own Python files run (--trust-remote-code)
     m3: "M3Heads | None" = None         # BGE-M3's sparse and ColBERT heads (models/m3.py)
     adapters: "Adapters | None" = None  # LoRA adapters attached with PEFT (models/adapters.py)
+    towers: "Towers | None" = None      # a multimodal model's text and image towers
     # Forward-pass costs measured in this process, by precision (actors/batch_cost.py).
     batch_costs: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -278,6 +281,16 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
     source = resolve_model_source(folder)
     path = source.path
     trust = bool(trust_remote_code)
+    multimodal = find_multimodal(path)
+    if multimodal is not None:
+        # CLIP and SigLIP load with transformers' own classes; a folder naming code of its own
+        # is refused as any other is without the flag.
+        check_remote_code(multimodal.model_dir, trust)
+        if adapters:
+            raise ValueError(f"{path} is a {multimodal.model_type} model (texts and images); "
+                             f"poolwire attaches LoRA adapters to text models only: leave out "
+                             f"--adapter")
+        return _load_multimodal(source, multimodal, name, resolve_device(device), DTYPES[dtype])
     remote_code = check_remote_code(path, trust)
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     architecture = (config.architectures or [type(config).__name__])[0]
@@ -342,12 +355,41 @@ def load_model(folder: str | Path, name: str | None = None, device: str = "cpu",
         sparse=st.splade, late_interaction=st.late_interaction, remote_code=remote_code,
         m3=m3, adapters=attached,
     )
-    log.info("loaded %s (%s, %s) from %s, revision %s, on %s (%s): max length %d, pooling %s, "
-             "dense %s, normalize %s, embedding size %d", model.name, architecture, kind, path,
-             model.revision, target, dtype, max_len, model.pooling_method,
-             len(st.dense), model.normalize_default, model.embedding_size)
+    _log_loaded(model, dtype, len(st.dense))
     if m3 is not None:
         log.info("%s carries BGE-M3's heads: outputs %s", model.name, ", ".join(model.outputs))
+    return model
+
+
+def _log_loaded(model: LoadedModel, dtype, dense: int) -> None:
+    log.info("loaded %s (%s, %s) from %s, revision %s, on %s (%s): max length %d, pooling %s, "
+             "dense %s, normalize %s, embedding size %d", model.name, model.architecture,
+             model.kind, model.path, model.revision, model.device, dtype, model.max_length,
+             model.pooling_method, dense, model.normalize_default, model.embedding_size)
+
+
+def _load_multimodal(source, mm, name: str | None, device: torch.device,
+                     dtype: torch.dtype) -> LoadedModel:
+    """A CLIP or SigLIP folder (models/multimodal.py): both towers, the tokenizer and the
+    image processor; normalised by default unless a Sentence-Transformers folder has no
+    Normalize module (PROTOCOL 'normalize')."""
+    from poolwire.models.multimodal import Towers, load_towers, text_max_length
+
+    module, tokenizer, processor = load_towers(mm, device, dtype)
+    st = read_sentence_transformers_config(source.path) if mm.st_folder else None
+    max_len = text_max_length(module, tokenizer, st.max_seq_length if st else None)
+    towers = Towers(module, mm.model_type, processor,
+                    max_len if mm.model_type != "clip" else None)
+    model = LoadedModel(
+        name=name or source.repo_id or source.path.name, path=source.path,
+        architecture=(module.config.architectures or [type(module).__name__])[0],
+        kind=ModelKind.MULTIMODAL, module=module, tokenizer=tokenizer, max_length=max_len,
+        hidden_size=towers.embedding_size, pooling_method="cls",
+        normalize_default=mm.normalize if mm.st_folder else True,
+        prompts=st.prompts if st else {},
+        default_prompt_name=st.default_prompt_name if st else None,
+        revision=source.revision, takes_token_types=False, towers=towers)
+    _log_loaded(model, dtype, 0)
     return model
 
 

@@ -6,6 +6,7 @@ ValidatorActor calls it, so these are all `invalid_request` before any tokenizin
 from dataclasses import dataclass, field
 
 from poolwire.schemas.errors import ErrorCode, PoolingError, invalid
+from poolwire.schemas.media import ELEMENT_FIELDS, TextElement, elements_of, has_elements, is_image
 from poolwire.schemas.requests import PoolingRequest
 from poolwire.schemas.sanity import preview
 from poolwire.schemas.tasks import Task
@@ -25,6 +26,7 @@ class ModelFacts:
     takes_instruction: bool = False    # its prompt template has an instruction
     outputs: tuple[str, ...] = ("dense",)  # the embeddings an embed item can carry
     adapters: tuple[str, ...] = ()     # the deployment's LoRA adapters, by name
+    images: bool = False               # a multimodal model: image elements are inputs (1.3)
 
     @classmethod
     def of(cls, model) -> "ModelFacts":
@@ -36,14 +38,16 @@ class ModelFacts:
                    model.matryoshka_dimensions, score_uses_cross_encoder(model), sparse,
                    template is not None, template is not None and template.takes_instruction,
                    tuple(getattr(model, "outputs", ("sparse",) if sparse else ("dense",))),
-                   tuple(getattr(model, "adapter_names", ())))
+                   tuple(getattr(model, "adapter_names", ())),
+                   getattr(model, "towers", None) is not None)
 
 
 def _has_token_ids(value) -> bool:
-    return isinstance(value, list) and bool(value) and not isinstance(value[0], str)
+    return isinstance(value, list) and bool(value) and isinstance(value[0], (int, list))
 
 
 def check_model_fields(task: Task, request: PoolingRequest, facts: ModelFacts) -> None:
+    _check_images(request, facts)
     _check_outputs(request, facts)
     _check_adapter(request, facts)
     _check_sparse(request, facts)
@@ -157,3 +161,36 @@ def prompt_for(task: Task, request: PoolingRequest, prompts: dict[str, str],
     if task in (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE) and default_prompt_name is not None:
         return prompts[default_prompt_name]
     return ""
+
+
+def _check_images(request: PoolingRequest, facts: ModelFacts) -> None:
+    """PROTOCOL 1.3: an image on a text-only model is invalid_request naming its element."""
+    if facts.images:
+        return
+    for field, index, value in elements_of(request):
+        if is_image(value):
+            at = f"{field}[{index}]" if index is not None else field
+            err = invalid(f"{at} is an image, and {facts.name} embeds texts only: send texts, "
+                          f"or images to a deployment of a multimodal model (CLIP, SigLIP)",
+                          field=field)
+            if index is not None:
+                err.extra["index"] = index
+            raise err
+
+
+def texts_as_strings(request: PoolingRequest) -> PoolingRequest:
+    """The request with its `{"text": ...}` elements as plain strings: what a text-only model's
+    path (tokenizing, the result cache) reads. Called once images were refused."""
+    if not has_elements(request):
+        return request
+
+    def plain(value):
+        if isinstance(value, TextElement):
+            return value.text
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
+
+    return request.model_copy(update={name: plain(getattr(request, name))
+                                      for name in ELEMENT_FIELDS
+                                      if getattr(request, name) is not None})

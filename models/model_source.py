@@ -40,7 +40,8 @@ def resolve_model_source(value: str | Path) -> ModelSource:
     text = str(value)
     folder = Path(text).expanduser()
     if folder.exists():
-        if not (folder / "config.json").is_file():
+        # A Sentence-Transformers CLIP folder keeps config.json in its module's folder.
+        if not (folder / "config.json").is_file() and not (folder / "modules.json").is_file():
             raise ValueError(f"{folder.resolve()} is not a model folder: it has no config.json")
         return ModelSource(folder.resolve(), LOCAL_REVISION)
     if not _looks_like_repo_id(text):

@@ -25,6 +25,8 @@ class Forward:
     SEQ_LOGITS = "seq_logits"      # the classifier head on the whole sequence
     TOKEN_LOGITS = "token_logits"  # a classifier on every token
     MLM_LOGITS = "mlm_logits"      # a sparse model's masked-LM logits, SPLADE-pooled
+    TEXT_FEATURES = "text_features"    # a multimodal model's text tower (get_text_features)
+    IMAGE_FEATURES = "image_features"  # its image tower (get_image_features)
 
 
 class ScoreMethod:
@@ -70,7 +72,7 @@ class Rerank:
     `documents` is kept (return_documents)."""
 
     top_n: int | None = None
-    documents: tuple[str, ...] | None = None
+    documents: tuple[str | None, ...] | None = None  # None where a document is an image
 
 
 @dataclass(frozen=True)
@@ -94,11 +96,22 @@ class TaskPlan:
     chunks: Chunks | None = None
     # BGE-M3's hybrid score: the weights of dense, sparse and multi_vector.
     hybrid_weights: tuple[float, float, float] = m3.DEFAULT_HYBRID_WEIGHTS
+    # A multimodal model (multimodal_plan.py): each sequence's forward pass (TEXT_FEATURES or
+    # IMAGE_FEATURES), so a micro-batch holds one modality; None: spec.forward for all.
+    forwards: list[str] | None = None
+    images: int = 0  # image elements computed, for usage.images
+
+    def spec_for(self, index: int) -> PoolSpec:
+        """What sequence `index` needs: the plan's spec, in its own modality."""
+        if self.forwards is None:
+            return self.spec
+        return replace(self.spec, forward=self.forwards[index])
 
     def extras(self, index: int, rows: np.ndarray) -> dict | None:
         """What an item carries besides its data: tokens, offsets, entities, document."""
         out: dict = {}
-        if self.rerank is not None and self.rerank.documents is not None:
+        if self.rerank is not None and self.rerank.documents is not None \
+                and self.rerank.documents[index] is not None:  # text documents only (1.3)
             out["document"] = self.rerank.documents[index]
         if self.token_meta is not None:
             out.update(self.token_meta[index])
@@ -223,11 +236,17 @@ def _plan_rerank(request: PoolingRequest, model: LoadedModel, tokenizing: Tokeni
 def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
               tokenizing: Tokenizing, *, score_method: str | None = None,
               max_embed_len: int | None = None,
-              hybrid_weights: tuple[float, float, float] | None = None) -> TaskPlan:
+              hybrid_weights: tuple[float, float, float] | None = None,
+              images: dict | None = None) -> TaskPlan:
     """Tokenize a validated request and say what to compute; raises input_too_long.
     `score_method`: how this deployment scores (None: the model's default_score_method);
     `max_embed_len`: chunked processing of embed inputs up to that many tokens;
-    `hybrid_weights`: BGE-M3's hybrid score weights (dense, sparse, multi_vector)."""
+    `hybrid_weights`: BGE-M3's hybrid score weights (dense, sparse, multi_vector); `images`: a
+    multimodal request's preprocessed images by (field, index) (models/images.py)."""
+    if model.towers is not None:
+        from poolwire.models.multimodal_plan import plan_multimodal
+
+        return plan_multimodal(task, request, model, tokenizing, images or {})
     plan = _plan_task(task, request, model, tokenizing, score_method, max_embed_len)
     if request.adapter is not None:
         plan = replace(plan, spec=replace(plan.spec, adapter=request.adapter))

@@ -52,9 +52,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource]:
     for name, help in (("embed", "embed texts and print the reply as JSON"),
                        ("classify", "classify texts and print the reply as JSON")):
         p = _client_parser(sub, name, help)
-        p.add_argument("texts", nargs="+")
         if name == "embed":
+            p.add_argument("texts", nargs="*")
             p.add_argument("--dimensions", type=int, help="Matryoshka: keep the first d dimensions")
+            p.add_argument("--image", action="append", default=[], type=Path, metavar="FILE",
+                           help="an image file to embed after the texts (a multimodal model: "
+                                "CLIP, SigLIP); repeat for several; too big for a message, it "
+                                "goes through the NATS object store")
+        else:
+            p.add_argument("texts", nargs="+")
     p = _client_parser(sub, "score", "score text_1 against each text_2 and print JSON")
     p.add_argument("text_1")
     p.add_argument("text_2", nargs="+")
@@ -253,6 +259,14 @@ async def client_command(args) -> int:
     from poolwire.client import JobNotStoredError, PoolingClient, PoolingServiceError
     from poolwire.refusals import PermissionRefusedError
 
+    if args.command == "embed":
+        if not (args.texts or args.image):
+            print("poolwire embed: give texts, or --image FILE", file=sys.stderr)
+            return 2
+        missing = [str(p) for p in args.image if not p.is_file()]
+        if missing:
+            print(f"poolwire embed: no such image file: {', '.join(missing)}", file=sys.stderr)
+            return 2
     subject = (f"{args.prefix}.jobs.{args.task}" if args.command == "submit"
                else f"{args.prefix}.score" if args.command == "rerank"
                else f"{args.prefix}.{args.command}")
@@ -262,7 +276,7 @@ async def client_command(args) -> int:
             if args.command == "submit":
                 reply = await client.submit(args.task, {"input": args.texts})
             elif args.command == "embed":
-                reply = await client.embed(args.texts, dimensions=args.dimensions)
+                reply = await client.embed([*args.texts, *args.image], dimensions=args.dimensions)
             elif args.command == "classify":
                 reply = await client.classify(args.texts)
             elif args.command == "rerank":

@@ -14,6 +14,7 @@ import nats.js.errors
 from opentelemetry import propagate
 
 from poolwire.cli_nats import CLIENT_CONNECTION_OPTIONS
+from poolwire.client_images import DEFAULT_IMAGE_BUCKET, ImageUploads
 from poolwire.nats_connect import NatsOptions, close_quietly, connect
 from poolwire.refusals import watch
 from poolwire.schemas.codec import decode
@@ -86,7 +87,8 @@ class PoolingClient:
     context (`traceparent`), so a tracing worker continues the caller's trace."""
 
     def __init__(self, nc_or_url: Any = None, prefix: str = "pooling",
-                 timeout: float = 30.0, use_env: bool = True, **connect_options: Any) -> None:
+                 timeout: float = 30.0, use_env: bool = True,
+                 image_bucket: str = DEFAULT_IMAGE_BUCKET, **connect_options: Any) -> None:
         if nc_or_url is None or isinstance(nc_or_url, str):
             env_url, options = environment_options(connect_options) if use_env \
                 else (None, connect_options)
@@ -99,6 +101,8 @@ class PoolingClient:
         self.nc = None if self._own else nc_or_url
         self.prefix = prefix
         self.timeout = timeout
+        # Where images too big for one message go (PROTOCOL 1.3 image_ref); created if absent.
+        self.image_bucket = image_bucket
         # Durable jobs (`submit`): one inbox for all of them, frames matched by request_id.
         self._jobs_inbox: str | None = None
         self._jobs_sub = None
@@ -134,6 +138,14 @@ class PoolingClient:
         its items), and a reply over it (`payload_too_large`, refused before any compute)
         comes as a stream; either way the answer has the one-reply shape."""
         body = {k: v for k, v in body.items() if v is not None}
+        uploads = ImageUploads(self.nc, self.image_bucket)
+        try:
+            return await self._request(task, await uploads.lift(body), timeout)
+        finally:
+            await uploads.clean()
+
+    async def _request(self, task: str, body: dict[str, Any],
+                       timeout: float | None) -> dict[str, Any]:
         parts = split_body(task, body, self.nc.max_payload)
         if len(parts) == 1:
             return await self._one(task, body, timeout)
@@ -270,6 +282,8 @@ class PoolingClient:
                 await asyncio.sleep(0.2)
 
     async def embed(self, input, **options) -> dict[str, Any]:
+        """Texts, and on a multimodal model images: bytes of an image file or its
+        `pathlib.Path` (too big for a message, it goes through the object store)."""
         return await self.request("embed", {"input": input, **options})
 
     async def token_embed(self, input, **options) -> dict[str, Any]:

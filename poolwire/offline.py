@@ -80,11 +80,11 @@ class PoolingModel:
                  max_added_padding: int = 16, state_dir: str | Path = ".poolwire",
                  trust_remote_code: bool | None = None, reranker: str | None = None,
                  adapters: dict[str, str | Path] | None = None, score_method: str | None = None,
-                 hybrid_weights=None) -> None:
+                 hybrid_weights=None, max_image_pixels: int = 89_478_485) -> None:
         """`adapters`: LoRA adapters {name: PEFT folder} beside the folder's own task adapters,
         picked per call with `adapter=name`; `score_method` and `hybrid_weights`: what score
         compares on a model with several outputs (BGE-M3), as the worker's options of those
-        names."""
+        names; `max_image_pixels`: a worker's --max-image-pixels (CLIP, SigLIP)."""
         from poolwire.actors.task_policy import TaskConfigError
         from poolwire.actors.validator import ModelLimits
         from poolwire.actors.worker import task_policy_for
@@ -134,6 +134,7 @@ class PoolingModel:
                                    self.model.embedding_size, ModelFacts.of(self.model))
         self._tokenizing = Tokenizing(self.model.tokenizer, self.model.max_length)
         self._batching = (max_batch_tokens, max_batch_size, max_added_padding)
+        self.max_image_pixels = max_image_pixels  # a worker's --max-image-pixels
 
     @property
     def configured_task(self) -> str:
@@ -216,18 +217,26 @@ class PoolingModel:
 
     def _compute(self, task: Task, body: dict, notes: list[str]) -> PoolingResult:
         from poolwire.actors.validator import check_against_model
+        from poolwire.models.model_fields import texts_as_strings
         from poolwire.models.task_heads import plan_task
+        from poolwire.offline_images import lift_images, prepare_images
         from poolwire.schemas.requests import parse_request
 
+        body, pils = lift_images(body)  # PIL images and bytes beside texts (PROTOCOL 1.3)
         request = parse_request(task, body)  # unknown keys first, as on the wire
         for name in WIRE_ONLY_FIELDS:
             if body.get(name) is not None:
                 raise InvalidRequestError(f"{name} is about the wire; PoolingModel returns numpy "
                                           f"arrays in this process: leave it out", field=name)
         check_against_model(task, request, self._limits)
+        images = None
+        if self.model.towers is not None:
+            images = prepare_images(request, self.model.towers, pils, self.max_image_pixels)
+        else:
+            request = texts_as_strings(request)
         plan = plan_task(task, request, self.model, self._tokenizing,
                          score_method=self.policy.score_method, max_embed_len=self.max_embed_len,
-                         hybrid_weights=self.hybrid_weights)
+                         hybrid_weights=self.hybrid_weights, images=images)
         items = self._pool(task, plan)
         values = [v if isinstance(v, (SparseVector, dict)) else np.asarray(v) for _, v in items]
         if values and isinstance(values[0], SparseVector):  # a sparse model's embed
@@ -243,8 +252,10 @@ class PoolingModel:
             data = np.stack(values).astype(np.float32, copy=False)
         extras = [plan.extras(i, v) for i, v in items]
         tokens = plan.prompt_tokens
-        return PoolingResult(data, task.value, self.model.name,
-                             {"prompt_tokens": tokens, "total_tokens": tokens}, notes,
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        if plan.images:
+            usage["images"] = plan.images
+        return PoolingResult(data, task.value, self.model.name, usage, notes,
                              extras if any(e is not None for e in extras) else None,
                              [i for i, _ in items])
 
@@ -257,11 +268,11 @@ class PoolingModel:
 
         planner = BatchPlanner(*self._batching)
         for i, seq in enumerate(plan.sequences):
-            planner.add(QueuedItem(tokens=len(seq), group=plan.spec.group, payload=i))
+            planner.add(QueuedItem(tokens=len(seq), group=plan.spec_for(i).group, payload=i))
         outputs: dict[int, np.ndarray] = {}
         while batch := planner.next_batch():
             seqs = [plan.sequences[item.payload] for item in batch]
-            result = run_batch(self.backend, seqs, [plan.spec] * len(seqs))
+            result = run_batch(self.backend, seqs, [plan.spec_for(item.payload) for item in batch])
             for item, value in zip(batch, result.outputs):
                 outputs[item.payload] = sequence_value(task, plan, value)
         return assemble_items(plan, outputs, self.model)

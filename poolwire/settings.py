@@ -141,6 +141,10 @@ class WorkerSettings(BaseSettings):
                           "one more forward pass on this device and precision; default: auto "
                           "on CUDA, 16 on a CPU")
     max_queued_tokens: int = Field(262144, ge=1, description="admission bound; past it: overloaded")
+    max_image_pixels: int = Field(
+        89_478_485, ge=1, description="multimodal models: an image of more pixels (width x "
+                                      "height) is invalid_request; default: Pillow's "
+                                      "decompression-bomb limit (MAX_IMAGE_PIXELS)")
     drain_timeout_s: float = Field(30.0, gt=0, description="how long a drain waits for in-flight work")
     durable: CliImplicitFlag[bool] = Field(False, description="also take durable jobs from P.jobs.<task> (JetStream)")
     durable_max_deliveries: int = Field(
@@ -158,6 +162,10 @@ class WorkerSettings(BaseSettings):
     pipeline_output: str | None = Field(
         None, description="results go to <output>.<rest of the input subject> (e.g. docs.embedded)")
     pipeline_text_field: str = Field("text", description="document field holding the text (or texts)")
+    pipeline_image_field: str | None = Field(
+        None, description="multimodal models: document field holding an image (bytes, or "
+                          "{bucket, name} of an object in the NATS object store), used when a "
+                          "document has it instead of the text field")
     pipeline_id_field: str | None = Field(
         None, description="document field holding its id; default: the stream sequence")
     pipeline_task: str | None = Field(None, description="pipeline task; default: the configured task")

@@ -6,15 +6,19 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from poolwire.schemas.errors import invalid
+from poolwire.schemas.media import Element, empty_element
 from poolwire.schemas.sanity import MAX_REQUEST_ID_CHARS, field_name, preview
 from poolwire.schemas.tasks import Task
 
-TextOrTexts = Union[StrictStr, list[StrictStr]]
 # Token ids are used as given; ids are non-negative. JSON ints are unbounded: every int field has
 # a 32-bit bound, past any vocabulary, queue priority or deadline a client means.
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
-PoolingInput = Union[StrictStr, list[StrictStr], list[TokenId], list[list[TokenId]]]
+# PROTOCOL 1.3: image and `{"text"}` elements (schemas/media.py) after the 1.2 forms, so a
+# plain text input validates and fails exactly as before.
+PoolingInput = Union[StrictStr, list[StrictStr], list[TokenId], list[list[TokenId]], Element,
+                     list[Element]]
+ElementOrElements = Union[StrictStr, list[StrictStr], Element, list[Element]]
 
 
 class PoolingRequest(BaseModel):
@@ -24,8 +28,8 @@ class PoolingRequest(BaseModel):
 
     input: PoolingInput | None = Field(
         None, description="texts, or token ids used as given (no special tokens added)")
-    text_1: TextOrTexts | None = Field(None, description="score: first texts of the pairs")
-    text_2: TextOrTexts | None = Field(None, description="score: second texts of the pairs")
+    text_1: ElementOrElements | None = Field(None, description="score: first texts of the pairs")
+    text_2: ElementOrElements | None = Field(None, description="score: second texts of the pairs")
     request_id: Annotated[StrictStr, Field(max_length=MAX_REQUEST_ID_CHARS)] | None = Field(
         None, description="echoed in every reply frame")
     dimensions: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
@@ -55,9 +59,9 @@ class PoolingRequest(BaseModel):
         None, description="drop work still queued this many ms after the worker received it")
     priority: Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)] = Field(
         0, description="lower runs first among queued work")
-    query: StrictStr | None = Field(
+    query: Element | None = Field(
         None, description="score, rerank form: the one query ranked against `documents`")
-    documents: list[StrictStr] | None = Field(
+    documents: Union[list[StrictStr], list[Element]] | None = Field(
         None, description="score, rerank form: the texts to rank; each pair is (query, document)")
     top_n: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
         None, description="score, rerank form: reply with the top_n best documents only")
@@ -181,10 +185,12 @@ def _first_error(exc: ValidationError):
 
 
 def _is_empty(value: Any) -> bool:
+    if empty_element(value):
+        return True
     if isinstance(value, str):
         return value == ""
     if isinstance(value, list):
-        return len(value) == 0 or any(_is_empty(v) for v in value if isinstance(v, (str, list)))
+        return len(value) == 0 or any(_is_empty(v) for v in value if not isinstance(v, int))
     return False
 
 
