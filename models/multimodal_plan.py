@@ -5,7 +5,8 @@ score items the cosine of two (PROTOCOL 1.3). Values in, values out."""
 
 from poolwire.models.images import ImageInput
 from poolwire.models.model_fields import prompt_for
-from poolwire.models.task_heads import Forward, PoolSpec, Rerank, ScoreMethod, TaskPlan
+from poolwire.models.task_heads import (Forward, PoolSpec, Rerank, ScoreMethod, TaskPlan,
+                                        broadcast_pairs)
 from poolwire.models.tokenizing import Tokenizing, TokenSeq, normalise_input
 from poolwire.schemas.errors import PoolingError, invalid
 from poolwire.schemas.media import is_image, text_of
@@ -115,14 +116,8 @@ def plan_multimodal(task: Task, request: PoolingRequest, model, tokenizing: Toke
                         rerank=Rerank(request.top_n, kept), forwards=elements.forwards,
                         item_tokens=[elements.tokens(a) + elements.tokens(b) for a, b in pairs],
                         images=elements.images)
-    first, second = _side(request.text_1, "text_1"), _side(request.text_2, "text_2")
-    if len(first) == 1 and len(second) > 1:
-        first = first * len(second)
-    elif len(second) == 1 and len(first) > 1:
-        second = second * len(first)
-    elif len(first) != len(second):
-        raise invalid(f"text_1 has {len(first)} elements and text_2 has {len(second)}: send "
-                      f"1 x N, N x 1 or N x N", field="text_2")
+    first, second = broadcast_pairs(_side(request.text_1, "text_1"),
+                                    _side(request.text_2, "text_2"), "elements")
     pairs = [(elements.add(*a), elements.add(*b)) for a, b in zip(first, second)]
     return TaskPlan(elements.sequences, spec, pairs=pairs, pair_score=ScoreMethod.COSINE,
                     forwards=elements.forwards, images=elements.images,

@@ -156,18 +156,22 @@ def _token_meta(tokenizing: Tokenizing, seqs: list[TokenSeq], prefix: int) -> li
     return meta
 
 
-def _score_pairs(first, second) -> tuple[list[str], list[str]]:
-    """1 x N, N x 1 or N x N (zipped); anything else is an error naming both sizes."""
-    a = [first] if isinstance(first, str) else list(first)
-    b = [second] if isinstance(second, str) else list(second)
+def broadcast_pairs(a: list, b: list, what: str = "texts") -> tuple[list, list]:
+    """The two sides of score's pair form, 1 x N, N x 1 or N x N (zipped), as two lists of
+    equal length; anything else is an error naming both sizes (`what` the sides hold)."""
     if len(a) == 1 and len(b) > 1:
         a = a * len(b)
     elif len(b) == 1 and len(a) > 1:
         b = b * len(a)
     elif len(a) != len(b):
-        raise invalid(f"text_1 has {len(a)} texts and text_2 has {len(b)}: send 1 x N, N x 1 or "
-                      f"N x N texts", field="text_2")
+        raise invalid(f"text_1 has {len(a)} {what} and text_2 has {len(b)}: send 1 x N, N x 1 "
+                      f"or N x N {what}", field="text_2")
     return a, b
+
+
+def _score_pairs(first, second) -> tuple[list[str], list[str]]:
+    return broadcast_pairs([first] if isinstance(first, str) else list(first),
+                           [second] if isinstance(second, str) else list(second))
 
 
 def score_uses_cross_encoder(model: LoadedModel) -> bool:
