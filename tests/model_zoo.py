@@ -423,3 +423,56 @@ def build_llm_rerankers(root: Path) -> dict[str, Path]:
                                  **small)).eval().save_pretrained(folder)
     out["bge_reranker_gemma"] = folder
     return out
+
+
+# ---- Issue 27's encoder families served right on torch, each built as the hub ships it ----
+
+NOMIC_PROMPTS = {"query": "search_query: ", "document": "search_document: "}
+
+
+def _encoder_config(family: str, **extra):
+    """Hidden 32, 2-3 layers, MiniLM's vocabulary and pad id 0 (its tokenizer pads with 0)."""
+    from transformers import GteConfig, ModernBertConfig, MPNetConfig, NomicBertConfig
+
+    small = dict(vocab_size=VOCAB, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                 pad_token_id=0, **extra)
+    if family == "modernbert":
+        # Local attention of 8 (shorter than the long test text) in the middle layer.
+        return ModernBertConfig(num_hidden_layers=3, max_position_embeddings=512,
+                                cls_token_id=101, sep_token_id=102, bos_token_id=101,
+                                eos_token_id=102, local_attention=8,
+                                global_attn_every_n_layers=2, **small)
+    if family == "mpnet":
+        return MPNetConfig(num_hidden_layers=2, max_position_embeddings=514, **small)
+    if family == "nomic_bert":
+        return NomicBertConfig(num_hidden_layers=2, head_dim=16, max_position_embeddings=512,
+                               **small)
+    if family == "gte":
+        return GteConfig(num_hidden_layers=2, max_position_embeddings=512, type_vocab_size=2,
+                         **small)
+    raise ValueError(family)
+
+
+def build_encoder_families(root: Path, tokenizer_dir: Path) -> dict[str, Path]:
+    """ModernBERT (modernbert-embed's layout: mean, Normalize), MPNet (all-mpnet-base-v2's:
+    mean, Normalize), NomicBERT (nomic-embed-text's: mean, Normalize, its query/document
+    prompts), GTE (gte-base-en-v1.5's: CLS, no Normalize) as Sentence-Transformers folders
+    written by Sentence-Transformers itself, and a ModernBERT token classifier as a plain
+    transformers folder; all native in transformers, none needing remote code."""
+    from transformers import (GteModel, ModernBertForTokenClassification, ModernBertModel,
+                              MPNetModel, NomicBertModel)
+
+    out: dict[str, Path] = {}
+    for seed, (name, cls, family, pooling, normalize, prompts) in enumerate([
+            ("modernbert_st", ModernBertModel, "modernbert", "mean", True, None),
+            ("mpnet_st", MPNetModel, "mpnet", "mean", True, None),
+            ("nomic_st", NomicBertModel, "nomic_bert", "mean", True, NOMIC_PROMPTS),
+            ("gte_st", GteModel, "gte", "cls", False, None)], start=71):
+        torch.manual_seed(seed)
+        base = _save_hf(root / f"_{name}", cls(_encoder_config(family)), tokenizer_dir)
+        out[name] = _sentence_transformer(root / name.replace("_", "-"), base, pooling, None,
+                                          normalize, **({"prompts": prompts} if prompts else {}))
+    torch.manual_seed(75)
+    out["modernbert_tok"] = _save_hf(root / "modernbert-tok", ModernBertForTokenClassification(
+        _encoder_config("modernbert", **_labels(5, NER_LABELS))), tokenizer_dir)
+    return out
