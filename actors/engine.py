@@ -139,7 +139,7 @@ class EngineActor(Actor):
         self._last_arrival = 0.0
         self._arrival_gap_s = float("inf")  # moving average of the gap between arrivals
         self._inflight: set[InFlight] = set()
-        self._looking = 0                   # jobs whose result cache lookup is under way
+        self._looking = 0                   # jobs whose work beside the mailbox is under way
         self._lookups: set[asyncio.Task] = set()
         # One thread owns the forward pass: the model is never used from two threads at once.
         self._forward_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-forward",
@@ -176,70 +176,61 @@ class EngineActor(Actor):
             await self._refuse(job, err)
             return
         if self._images is not None and has_images(job.request):
-            self._prepare(job)
+            self._beside_mailbox(job, self._prepared, "poolwire-images")
         elif self._cache is None or self.model.towers is not None:
             # The cache keys texts; a multimodal model's requests are computed without it.
             await self._take(job, None)
         else:
-            self._look_up(job)
+            self._beside_mailbox(job, self._looked_up, "poolwire-cache-lookup")
 
-    def _prepare(self, job: Job) -> None:
-        """Images are read from the object store and decoded and preprocessed in a thread
-        pool, beside the mailbox (as a cache lookup is); the job comes back as `_Prepared`, or
-        is refused with the error naming its element, before it costs any model time."""
+    def _beside_mailbox(self, job: Job, work, name: str) -> None:
+        """Work a job needs before it is planned, which awaited in receive would hold up every
+        request behind it: a result cache lookup is a round trip to the bucket (up to the
+        cache's LOOKUP_TIMEOUT_S when its server is busy), images are read from the object
+        store and decoded and preprocessed in a thread pool. It runs as a task beside the
+        mailbox, and the job comes back to the mailbox as the message `work(job)` returns
+        (`_Looked`, `_Prepared`), or None where `work` answered the job itself."""
         self._looking += 1
-        task = asyncio.create_task(self._prepare_then_return(job), name="poolwire-images")
+        task = asyncio.create_task(self._then_return(job, work), name=name)
         self._lookups.add(task)
         task.add_done_callback(self._lookups.discard)
 
-    async def _prepare_then_return(self, job: Job) -> None:
+    async def _then_return(self, job: Job, work) -> None:
         try:
-            try:
-                with trace_of(job).stage("images"):
-                    images = await self._images.prepare(job.request)
-            except PoolingError as err:
-                await self._refuse(job, err)
-                return
-            except Exception as exc:  # nothing a client sent is lost without an answer
-                log.exception("preparing the images of %s failed", job.request_id)
-                await self._refuse(job, PoolingError(ErrorCode.INTERNAL,
-                                                     f"preparing its images failed: {exc!r}"))
+            message = await work(job)
+            if message is None:
                 return
             try:
-                self.tell(_Prepared(job, images))
-            except MailboxFull:
-                await self._refuse(job, PoolingError(
-                    ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later or add "
-                                          "workers", retry_after_ms=100))
-        finally:
-            self._looking -= 1
-
-    def _look_up(self, job: Job) -> None:
-        """A lookup is a round trip to the bucket (up to the cache's LOOKUP_TIMEOUT_S when its
-        server is busy). Awaited here it held up every request behind it, hits and cache-less
-        alike; so it runs beside the mailbox, and the job comes back to it, as `_Looked`, with
-        what the cache had."""
-        self._looking += 1
-        task = asyncio.create_task(self._lookup_then_return(job), name="poolwire-cache-lookup")
-        self._lookups.add(task)
-        task.add_done_callback(self._lookups.discard)
-
-    async def _lookup_then_return(self, job: Job) -> None:
-        try:
-            try:
-                with trace_of(job).stage("cache lookup"):
-                    cached = await self._cache.lookup(job.task, job.request)
-            except Exception:  # the cache never fails a request: computed as if missed
-                log.exception("the result cache lookup of %s failed; computing it", job.request_id)
-                cached = None
-            try:
-                self.tell(_Looked(job, cached))
+                self.tell(message)
             except MailboxFull:
                 await self._refuse(job, PoolingError(
                     ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later or add "
                                           "workers", retry_after_ms=100))
         finally:
             self._looking -= 1  # after the tell: the backlog never reads 0 in between
+
+    async def _prepared(self, job: Job) -> "_Prepared | None":
+        """The job's images fetched, decoded and preprocessed, or the job refused with the
+        error naming its element, before it costs any model time."""
+        try:
+            with trace_of(job).stage("images"):
+                return _Prepared(job, await self._images.prepare(job.request))
+        except PoolingError as err:
+            await self._refuse(job, err)
+        except Exception as exc:  # nothing a client sent is lost without an answer
+            log.exception("preparing the images of %s failed", job.request_id)
+            await self._refuse(job, PoolingError(ErrorCode.INTERNAL,
+                                                 f"preparing its images failed: {exc!r}"))
+        return None
+
+    async def _looked_up(self, job: Job) -> _Looked:
+        try:
+            with trace_of(job).stage("cache lookup"):
+                cached = await self._cache.lookup(job.task, job.request)
+        except Exception:  # the cache never fails a request: computed as if missed
+            log.exception("the result cache lookup of %s failed; computing it", job.request_id)
+            cached = None
+        return _Looked(job, cached)
 
     async def _refuse(self, job: Job, err: PoolingError) -> None:
         await self._replier.send_error(job.reply, job.request_id, err, job.fmt, job.headers)
