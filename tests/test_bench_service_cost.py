@@ -70,5 +70,8 @@ def test_a_tiny_run_answers_every_request_on_both_sides(tmp_path, capsys):
         for side in ("bare", "poolwire"):
             assert r[side]["errors"] == 0 and r[side]["texts"] > 0
         assert math.isfinite(r["ratio"]) and r["ratio"] > 0
-        assert r["poolwire"]["cpu_s"]["event loop"] > 0  # the split was read from /proc
+        # The split is read from /proc in clock ticks (10 ms): one shape of a tiny run can stay
+        # under a tick on a thread (CI read 0.0 for the event loop once), the run as a whole not.
+        assert "event loop" in r["poolwire"]["cpu_s"] and min(r["poolwire"]["cpu_s"].values()) >= 0
+    assert sum(sum(r["poolwire"]["cpu_s"].values()) for r in results) > 0
     assert text.count("texts/s") >= 2 and "median round trip" in text
