@@ -26,7 +26,7 @@ from poolwire.actors.stats import StageStats
 from poolwire.actors.tracing import OFF, Tracing, trace_of
 from poolwire.models.assembly import assemble_items, sequence_value
 from poolwire.models.sparse_vector import SparseVector
-from poolwire.models.task_heads import TaskPlan, plan_task
+from poolwire.models.task_heads import TaskPlan, plan_task, texts_for_ids
 from poolwire.models.tokenizing import Tokenizing
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.media import has_images
@@ -107,6 +107,9 @@ class InFlight:
 
 class EngineActor(Actor):
     name = "engine"
+    # Jobs taken together: their texts are tokenized in one batch call beside the event loop
+    # (before_each_take), as TEI tokenizes beside its router.
+    take_at_once = 256
 
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
@@ -126,6 +129,7 @@ class EngineActor(Actor):
         self.backend = backend or TorchBackend(model)
         self.stats = stats or StageStats()
         self._metrics = metrics
+        self._request_seconds: dict[Task, object] = {}  # the histogram's child per task
         self._publish_event = publish_event  # async callable(DeprecationEvent), or None
         self.model = model
         self.limits = limits
@@ -146,6 +150,11 @@ class EngineActor(Actor):
                                                   initializer=name_os_thread,
                                                   initargs=("poolwire-forward",))
         self._tokens_per_s = 0.0  # drain rate, for `retry_after_ms`
+        # Encodes the texts of jobs taken together (Tokenizing.encode_ahead): the Rust
+        # tokenizer's batch call releases the GIL, so on another core.
+        self._tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-tokenize",
+                                                   initializer=name_os_thread,
+                                                   initargs=("poolwire-tokenize",))
 
     @property
     def backlog(self) -> int:
@@ -159,6 +168,38 @@ class EngineActor(Actor):
     @property
     def queued_tokens(self) -> int:
         return self._planner.queued_tokens
+
+    async def before_each_take(self, messages: list) -> None:
+        """Encode the texts of the jobs about to be planned in one call in the tokenize thread,
+        when there are at least two (one short text costs less to encode here than the hand-off
+        to a thread); each plan then finds its ids ready (Tokenizing.use_ahead)."""
+        self._tokenizing.use_ahead({})
+        if not self._tokenizing.encodes_ahead:
+            return
+        triples = []
+        for message in messages:
+            request, task = self._planned_now(message)
+            if request is not None:
+                triples += [(text, request.truncate_prompt_tokens, request.truncation_side)
+                            for text in texts_for_ids(task, request, self.model)]
+        if len(triples) < 2:
+            return
+        started = time.perf_counter()
+        ahead = await asyncio.get_running_loop().run_in_executor(
+            self._tokenize_thread, self._tokenizing.encode_ahead, triples)
+        self.stats.add("tokenize", time.perf_counter() - started)
+        self._tokenizing.use_ahead(ahead)
+
+    def _planned_now(self, message) -> tuple[object, Task | None]:
+        """The request whose texts `receive(message)` tokenizes at once, with its task; (None,
+        None) where it goes beside the mailbox first (a cache lookup, images) or has nothing
+        left to compute."""
+        if isinstance(message, _Looked):
+            cached = message.cached
+            return (cached.request if cached is not None else message.job.request), message.job.task
+        if isinstance(message, Job) and self._cache is None and self._images is None:
+            return message.request, message.task
+        return None, None
 
     async def receive(self, message: "Job | _Looked | _Prepared") -> None:
         if isinstance(message, _Looked):
@@ -517,8 +558,12 @@ class EngineActor(Actor):
         await self._publish(job, body)
         trace_of(job).end()
         if self._metrics is not None:
-            self._metrics.request_seconds.labels(job.task.value).observe(
-                time.monotonic() - job.received_at)
+            # The child per task is kept: labels() locks and validates on every call.
+            child = self._request_seconds.get(job.task)
+            if child is None:
+                child = self._request_seconds[job.task] = \
+                    self._metrics.request_seconds.labels(job.task.value)
+            child.observe(time.monotonic() - job.received_at)
 
     async def _publish(self, job: Job, body: bytes) -> None:
         with self.stats.timed("publish"), trace_of(job).stage("publish"):
@@ -532,5 +577,6 @@ class EngineActor(Actor):
             self._last_delivery.cancel()
             await asyncio.gather(self._last_delivery, return_exceptions=True)
         self._forward_thread.shutdown(wait=True, cancel_futures=True)
+        self._tokenize_thread.shutdown(wait=True, cancel_futures=True)
         if self._images is not None:
             self._images.close()

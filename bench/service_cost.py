@@ -13,7 +13,8 @@ MessagePack request and replies one fixed 384-float item per text: the least any
 NATS can do. Three shapes, each run in rounds that alternate which side goes first:
 1 text a request at 64 in flight, 32 texts a request at 8 in flight, and one request at a time
 (its median round trip). Printed: texts/s of each side and their ratio, the worker's CPU per
-text split by thread (event loop, forward thread, the backend's threads, by /proc thread name),
+text split by thread (event loop, tokenize thread, forward thread, the backend's threads, by
+/proc thread name),
 the responder's, the CPU's model and flags, and the load average beside each figure (these
 benchmarks run on shared machines: the interleaved ratios are what count).
 """
@@ -125,6 +126,8 @@ def thread_group(pid: int, tid: int, name: str) -> str:
         return "event loop"
     if name.startswith("poolwire-forw"):  # comm is cut at 15 characters
         return "forward"
+    if name.startswith("poolwire-toke"):
+        return "tokenize"
     return "backend threads"
 
 
@@ -150,7 +153,7 @@ def cpu_by_group(pid: int, before: dict[int, tuple[str, float]],
                  after: dict[int, tuple[str, float]]) -> tuple[dict[str, float], list[str]]:
     """CPU seconds spent between two snapshots, summed by thread_group; and the distinct names
     of the backend's threads that ran."""
-    groups = {"event loop": 0.0, "forward": 0.0, "backend threads": 0.0}
+    groups = {"event loop": 0.0, "tokenize": 0.0, "forward": 0.0, "backend threads": 0.0}
     names: set[str] = set()
     for tid, (name, cpu) in after.items():
         spent = cpu - before.get(tid, (name, 0.0))[1]
@@ -211,13 +214,14 @@ def markdown(results: list[ShapeResult], machine_line: str, command: str,
         out.append(f"| {r.shape.label} | {bare} | {pool} | {ratio} | {r.load_average:.2f} | "
                    f"{r.background_cores:.2f} |")
     out += ["", "CPU per text, ms (the worker's by thread; the responder's whole process):", "",
-            "| setup | event loop | forward | backend threads | worker total | responder |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+            "| setup | event loop | tokenize | forward | backend threads | worker total | responder |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         c, n = r.poolwire.cpu_s, max(r.poolwire.texts, 1)
         per = {k: 1000 * v / n for k, v in c.items()}
         bare = 1000 * r.bare.cpu_s.get("process", float("nan")) / max(r.bare.texts, 1)
-        out.append(f"| {r.shape.label} | {per.get('event loop', 0):.3f} | {per.get('forward', 0):.3f} "
+        out.append(f"| {r.shape.label} | {per.get('event loop', 0):.3f} "
+                   f"| {per.get('tokenize', 0):.3f} | {per.get('forward', 0):.3f} "
                    f"| {per.get('backend threads', 0):.3f} | {sum(per.values()):.3f} | {bare:.3f} |")
     names = sorted({n for r in results for n in r.backend_threads})
     errors = sum(r.poolwire.errors + r.bare.errors for r in results)

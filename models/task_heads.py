@@ -259,6 +259,21 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
     return plan
 
 
+def texts_for_ids(task: Task, request: PoolingRequest, model: LoadedModel) -> list[str]:
+    """The texts `_plan_task` hands to Tokenizing.texts for their ids alone (embed, classify
+    and the token tasks on texts, prompt included), so that the engine can have a micro-batch's
+    texts encoded ahead in one call; [] for every other request (score, token ids, character
+    offsets, images)."""
+    if (model.towers is not None or task is Task.SCORE or request.return_tokens
+            or request.aggregation not in (None, "none")):
+        return []
+    texts, _ = normalise_input(request.input)
+    if texts is None:
+        return []
+    prompt = prompt_for(task, request, model.prompts, model.default_prompt_name)
+    return [prompt + t for t in texts]
+
+
 def _plan_task(task: Task, request: PoolingRequest, model: LoadedModel, tokenizing: Tokenizing,
                score_method: str | None, max_embed_len: int | None) -> TaskPlan:
     cut, side = request.truncate_prompt_tokens, request.truncation_side

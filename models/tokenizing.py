@@ -59,6 +59,23 @@ def _too_long(index: int, length: int, max_length: int, chunked: bool = False) -
                         f"to the maximum)", max_tokens=max_length, index=index)
 
 
+def _set_up(rust, limit: int | None, side: str) -> None:
+    """A Rust tokenizer set up as transformers sets it up for `tokenizer(texts,
+    add_special_tokens=True, truncation=..., max_length=limit)` (set_truncation_and_padding:
+    longest_first, stride 0, no padding); left as it is where it already is."""
+    if limit is None:
+        if rust.truncation is not None:
+            rust.no_truncation()
+    else:
+        target = {"max_length": limit, "stride": 0, "strategy": "longest_first",
+                  "direction": side}
+        current = rust.truncation
+        if current is None or any(current.get(k) != v for k, v in target.items()):
+            rust.enable_truncation(**target)
+    if rust.padding is not None:
+        rust.no_padding()
+
+
 def _cut(ids: list[int], keep: int, side: str) -> list[int]:
     return ids[:keep] if side == "right" else ids[len(ids) - keep:]
 
@@ -75,6 +92,40 @@ class Tokenizing:
         # the largest part of the event loop's time per request: bench/service_cost.py).
         self._rust = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) \
             else None
+        # Ids encoded ahead of planning, by (text, limit, side): see encode_ahead.
+        self._ahead: dict[tuple[str, int | None, str], list[int]] = {}
+        self._ahead_rust = None  # the ahead thread's own copy of the Rust tokenizer
+
+    @property
+    def encodes_ahead(self) -> bool:
+        return self._rust is not None
+
+    def encode_ahead(self, texts: list[tuple[str, int | None, str]]
+                     ) -> dict[tuple[str, int | None, str], list[int]]:
+        """The ids of (text, truncate_prompt_tokens, side) triples, as `texts` would give them,
+        keyed by (text, limit, side). Run in a thread of its own: the Rust tokenizer's batch
+        call releases the GIL (its single-text call does not), so a micro-batch's texts are
+        encoded on another core while the event loop goes on; that thread has its own copy of
+        the tokenizer, whose truncation it sets per call. Hand the result to `use_ahead`."""
+        if self._ahead_rust is None:
+            from tokenizers import Tokenizer
+
+            self._ahead_rust = Tokenizer.from_str(self._rust.to_str())
+        groups: dict[tuple[int | None, str], list[str]] = {}
+        for text, truncate, side in texts:
+            groups.setdefault((truncation_limit(truncate, self.max_length), side), []).append(text)
+        out = {}
+        for (limit, side), group in groups.items():
+            _set_up(self._ahead_rust, limit, side)
+            for text, enc in zip(group, self._ahead_rust.encode_batch(group,
+                                                                      add_special_tokens=True)):
+                out[(text, limit, side)] = enc.ids
+        return out
+
+    def use_ahead(self, ahead: dict[tuple[str, int | None, str], list[int]]) -> None:
+        """Ids from encode_ahead for the texts planned next (the event loop's thread); what
+        those plans do not use is dropped with the next call."""
+        self._ahead = ahead
 
     def texts(self, texts: list[str], truncate: int | None, side: str,
               offsets: bool = False, longest: int | None = None) -> list[TokenSeq]:
@@ -131,20 +182,19 @@ class Tokenizing:
 
     def _rust_ids(self, texts: list[str], limit: int | None, side: str) -> list[list[int]]:
         """What `tokenizer(texts, add_special_tokens=True, truncation=..., max_length=limit)`
-        gives as input_ids, set up as transformers sets up the Rust tokenizer for that call
-        (set_truncation_and_padding: longest_first, stride 0, no padding)."""
+        gives as input_ids (the ids encoded ahead where there are, the rest encoded here)."""
+        if self._ahead:
+            ids = [self._ahead.get((t, limit, side)) for t in texts]
+            missing = [t for t, found in zip(texts, ids) if found is None]
+            if not missing:
+                return ids
+            encoded = iter(self._rust_ids_now(missing, limit, side))
+            return [found if found is not None else next(encoded) for found in ids]
+        return self._rust_ids_now(texts, limit, side)
+
+    def _rust_ids_now(self, texts: list[str], limit: int | None, side: str) -> list[list[int]]:
         rust = self._rust
-        if limit is None:
-            if rust.truncation is not None:
-                rust.no_truncation()
-        else:
-            target = {"max_length": limit, "stride": 0, "strategy": "longest_first",
-                      "direction": side}
-            current = rust.truncation
-            if current is None or any(current.get(k) != v for k, v in target.items()):
-                rust.enable_truncation(**target)
-        if rust.padding is not None:
-            rust.no_padding()
+        _set_up(rust, limit, side)
         if len(texts) == 1:  # encode_batch hands even one text to its thread pool
             return [rust.encode(texts[0], add_special_tokens=True).ids]
         return [e.ids for e in rust.encode_batch(texts, add_special_tokens=True)]

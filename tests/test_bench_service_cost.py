@@ -15,14 +15,17 @@ def test_threads_are_grouped_by_role():
     assert sc.thread_group(PID, PID, "python") == "event loop"
     assert sc.thread_group(PID, 101, "poolwire-forwar") == "forward"  # comm: 15 characters
     assert sc.thread_group(PID, 102, "python") == "backend threads"
+    assert sc.thread_group(PID, 103, "poolwire-tokeni") == "tokenize"
 
 
 def test_cpu_split_counts_only_what_each_thread_spent_meanwhile():
-    before = {PID: ("python", 1.0), 101: ("poolwire-forwar", 2.0), 102: ("ov_thread", 0.5)}
+    before = {PID: ("python", 1.0), 101: ("poolwire-forwar", 2.0), 102: ("ov_thread", 0.5),
+              104: ("poolwire-tokeni", 0.25)}
     after = {PID: ("python", 1.5), 101: ("poolwire-forwar", 2.25), 102: ("ov_thread", 0.5),
-             103: ("tbb_worker", 0.125)}  # started meanwhile: all of it counts
+             103: ("tbb_worker", 0.125), 104: ("poolwire-tokeni", 0.375)}  # 103: started meanwhile
     groups, names = sc.cpu_by_group(PID, before, after)
-    assert groups == {"event loop": 0.5, "forward": 0.25, "backend threads": 0.125}
+    assert groups == {"event loop": 0.5, "tokenize": 0.125, "forward": 0.25,
+                      "backend threads": 0.125}
     assert names == ["tbb_worker"]  # 102 spent nothing
 
 
@@ -31,16 +34,18 @@ def test_table_shows_ratios_each_way_and_cpu_per_text():
         return sc.Side(texts=texts, wall_s=wall, latencies_ms=lat, cpu_s=cpu)
 
     rows = [sc.ShapeResult(sc.SHAPES[0], side(1000, 1.0, [1.0], {"process": 0.01}),
-                           side(1000, 2.0, [2.0], {"event loop": 0.2, "forward": 0.1,
-                                                   "backend threads": 0.0}), [], 1.5, 0.25),
+                           side(1000, 2.0, [2.0], {"event loop": 0.2, "tokenize": 0.05,
+                                                   "forward": 0.1, "backend threads": 0.0}),
+                           [], 1.5, 0.25),
             sc.ShapeResult(sc.SHAPES[2], side(10, 1.0, [0.2, 0.25, 0.3], {"process": 0.001}),
                            side(10, 1.0, [0.5, 0.6, 0.7], {"event loop": 0.01}), [], 1.5, 0.25)]
     text = sc.markdown(rows, "2 CPU cores (test)", "cmd", processes=2)
     assert "| 1 text a request, 64 in flight | 1,000 texts/s | 500 texts/s | 0.50x | 1.50 | 0.25 |" in text
     assert "| one request at a time, median round trip | 0.25 ms | 0.60 ms | 2.40x |" in text
     assert "poolwire, near-zero model, 2 processes" in text
-    # 0.3 s of the worker's CPU over 1,000 texts: 0.3 ms a text; the responder 0.01 ms.
-    assert "| 1 text a request, 64 in flight | 0.200 | 0.100 | 0.000 | 0.300 | 0.010 |" in text
+    # 0.35 s of the worker's CPU over 1,000 texts: 0.35 ms a text; the responder 0.01 ms.
+    assert ("| 1 text a request, 64 in flight | 0.200 | 0.050 | 0.100 | 0.000 | 0.350 | 0.010 |"
+            in text)
     assert "CPU: 2 CPU cores (test)" in text and "command: cmd" in text
 
 

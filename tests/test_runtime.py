@@ -97,3 +97,66 @@ async def test_a_crashing_background_loop_is_restarted():
     await asyncio.wait_for(finished.wait(), 5)
     await supervisor.stop()
     assert runs == [0, 1, 2]
+
+
+class Batched(Recorder):
+    """Takes what is queued together and records each take, as the engine does."""
+
+    name = "batched"
+    take_at_once = 4
+
+    def __init__(self, size=64, fail_prepare=False):
+        super().__init__(size)
+        self.takes, self.fail_prepare = [], fail_prepare
+
+    async def before_each_take(self, messages):
+        self.takes.append(list(messages))
+        if self.fail_prepare:
+            raise RuntimeError("prepare failed")
+
+
+async def test_messages_taken_together_are_each_received_in_order():
+    actor, supervisor = Batched(), Supervisor(restart_delay=0)
+    for message in ["a", "b", "c", "d", "e", "last"]:
+        actor.tell(message)
+    assert actor.backlog == 6
+    supervisor.start_actor(actor)
+    await asyncio.wait_for(actor.done.wait(), 5)
+    assert actor.handled == ["a", "b", "c", "d", "e", "last"]
+    assert actor.takes == [["a", "b", "c", "d"], ["e", "last"]]  # at most take_at_once
+    await asyncio.sleep(0)
+    assert actor.backlog == 0
+    await supervisor.stop()
+
+
+async def test_a_failed_preparation_is_logged_and_every_message_still_received(caplog):
+    actor, supervisor = Batched(fail_prepare=True), Supervisor(restart_delay=0)
+    for message in ["a", "boom", "last"]:
+        actor.tell(message)
+    supervisor.start_actor(actor)
+    await asyncio.wait_for(actor.done.wait(), 5)
+    await supervisor.stop()
+    assert actor.handled == ["a", "last"] and actor.failed == [("boom", "boom")]
+    assert any("prepare failed" in r.getMessage() or "preparing" in r.getMessage()
+               for r in caplog.records)
+
+
+class BrokenBatched(Batched):
+    name = "broken-batched"
+
+    async def on_failure(self, message, exc):
+        raise RuntimeError("cannot answer")
+
+
+async def test_messages_taken_but_not_received_survive_a_crash_of_the_loop():
+    """The loop crashes on the second of four messages taken together: the restarted loop
+    receives the two left, nothing taken is lost and the backlog never undercounts."""
+    actor, supervisor = BrokenBatched(), Supervisor(restart_delay=0)
+    for message in ["a", "boom", "b", "last"]:
+        actor.tell(message)
+    supervisor.start_actor(actor)
+    await asyncio.wait_for(actor.done.wait(), 5)
+    await supervisor.stop()
+    assert actor.handled == ["a", "b", "last"]
+    assert supervisor.restarts == {"broken-batched": 1}
+    assert actor.takes == [["a", "boom", "b", "last"]]  # the held two were not taken again

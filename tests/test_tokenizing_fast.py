@@ -54,3 +54,23 @@ def test_padding_set_on_the_rust_tokenizer_is_not_applied(tok):
     tokenizing = Tokenizing(tok, 256)
     assert [s.ids for s in tokenizing.texts(TEXTS[:2], None, "right")] == \
         _reference(tok, TEXTS[:2], None, "right")
+
+
+def test_ids_encoded_ahead_are_the_ids_planned_and_only_where_the_key_matches(tok):
+    """The engine's tokenize thread encodes a micro-batch's texts ahead (encode_ahead, on its
+    own copy of the tokenizer); planning takes those ids where text, limit and side match, and
+    encodes the rest as usual: the ids equal the tokenizer call's either way."""
+    tokenizing = Tokenizing(tok, 256)
+    ahead = tokenizing.encode_ahead([(t, 7, "left") for t in TEXTS] + [(TEXTS[1], None, "right")])
+    assert ahead[(TEXTS[2], 7, "left")] == _reference(tok, [TEXTS[2]], 7, "left")[0]
+    tokenizing.use_ahead(ahead)
+    for truncate, side in [(7, "left"), (7, "right"), (None, "right"), (-1, "left")]:
+        texts = TEXTS if truncate is not None else TEXTS[:3]
+        limit = 256 if truncate == -1 else truncate
+        got = [s.ids for s in tokenizing.texts(texts + ["not ahead"], truncate, side)]
+        assert got == _reference(tok, texts + ["not ahead"], limit, side)
+    # Over-long input is refused with ids from ahead too.
+    tokenizing.use_ahead(tokenizing.encode_ahead([(TEXTS[3], None, "right")] * 2))
+    with pytest.raises(PoolingError) as err:
+        tokenizing.texts([TEXTS[3]], None, "right")
+    assert err.value.code.value == "input_too_long"
