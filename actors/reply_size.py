@@ -195,6 +195,27 @@ def outputs_shapes(request, model, token_counts: list[int]) -> list[list[tuple[i
     return out
 
 
+# A bound on any one value of a sequence-level item (a float's JSON repr and separator, or
+# MessagePack's 5 bytes), and on everything around an item, whatever the encoding.
+_VALUE_BOUND = JSON_FLOAT_CHARS + 1
+_ITEM_BOUND = 64
+_CLOSING_BOUND = 512
+
+
+def _clearly_fits(n_items: int, width: int, job, model, room: int) -> bool:
+    """A coarse upper bound on a sequence-level reply that decides the common case (a few
+    vectors, far below max_payload) without encoding anything; where it does not decide, the
+    exact estimate does. Strings count 6 bytes a character (JSON's \\uXXXX escapes)."""
+    if getattr(model, "sparse", None) is not None:
+        return False  # a sparse item's size is not its width
+    strings = len(job.request_id) + len(model.name) + sum(len(w) for w in job.warnings)
+    if job.task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY):
+        strings += sum(len(label) for label in model.labels)
+    bound = (n_items * (max(width, 1) * _VALUE_BOUND + _ITEM_BOUND) + _CLOSING_BOUND
+             + 6 * strings)
+    return bound <= room
+
+
 def check_reply_fits(job, plan, model, max_payload: int) -> None:
     """Raise payload_too_large when the one-message reply of `job` (a messages.Job) cannot fit.
     Sequence-level tasks are judged before tokenizing (`plan` None), token-level tasks (and
@@ -231,6 +252,9 @@ def check_reply_fits(job, plan, model, max_payload: int) -> None:
         return replace(found, bytes=found.bytes + extra) if extra else found
 
     binary = request.encoding_format == "binary"
+    if plan is None and _clearly_fits(len(shapes), width, job, model, room - header_bytes(headers)
+                                      - documents - per_item):
+        return
     if task is Task.EMBED and getattr(model, "sparse", None) is not None:
         # A sparse item holds at most max_active_dims (else vocabulary-many) index/value pairs;
         # as a float item of 2k + 8 values it is bounded in every encoding. Without

@@ -142,3 +142,30 @@ def test_bge_m3_maps_are_bounded_from_their_token_counts(fmt, binary):
                               request_id="r" * 32, model="bge-m3", task="embed",
                               max_payload=MAX_PAYLOAD)
     assert estimate.bytes + OUTPUTS_MAP_BYTES * len(tokens) >= real
+
+
+@pytest.mark.parametrize("fmt", list(WireFormat))
+@pytest.mark.parametrize("binary, dtype", [(False, "float32"), (True, "float16")])
+@pytest.mark.parametrize("task, n, width", [
+    (Task.EMBED, 1, 384), (Task.EMBED, 17, 1024), (Task.CLASSIFY, 40, 3), (Task.SCORE, 300, 1)])
+def test_the_coarse_bound_only_passes_what_the_exact_estimate_passes(fmt, binary, dtype, task, n,
+                                                                      width):
+    """check_reply_fits skips the exact estimate where a coarse bound already fits (the hot
+    path); at every room around the reply's real size, the bound may pass only where the
+    estimate passes, and it passes the common case of a reply far below the room."""
+    from types import SimpleNamespace
+
+    from poolwire.actors.reply_size import _clearly_fits
+
+    labels = ["LABEL_0", "LABEL_1", "négatif"] if task is Task.CLASSIFY else None
+    warnings = ("serving task 'classify' from a deployment configured for 'embed' is deprecated",)
+    job = SimpleNamespace(request_id="é" * 40, task=task, warnings=warnings)
+    model = SimpleNamespace(name="all-MiniLM-L6-v2", labels=labels or [], sparse=None)
+    shapes = item_shapes(task, n, width)
+    exact = estimate_reply(shapes, fmt=fmt, binary=binary, dtype=dtype, request_id=job.request_id,
+                           model=model.name, task=task.value, max_payload=MAX_PAYLOAD,
+                           labels=labels, warnings=list(warnings)).bytes
+    for room in range(exact // 2, 40 * exact, max(exact // 50, 1)):
+        if _clearly_fits(n, width, job, model, room):
+            assert exact <= room
+    assert _clearly_fits(n, width, job, model, 40 * exact)
