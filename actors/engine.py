@@ -7,6 +7,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -79,6 +80,15 @@ class _Prepared:
     images: dict
 
 
+@dataclass(frozen=True)
+class _Tokenized:
+    """Jobs back from the tokenize thread (EngineActor._tokenize_beside), in the order they
+    came, with their texts' ids by (text, limit, side)."""
+
+    jobs: list
+    ahead: dict
+
+
 @dataclass(eq=False)
 class InFlight:
     """One admitted request: its plan, the outputs kept for its reply, and what is left."""
@@ -107,10 +117,6 @@ class InFlight:
 
 class EngineActor(Actor):
     name = "engine"
-    # Jobs taken together: their texts are tokenized in one batch call beside the event loop
-    # (before_each_take), as TEI tokenizes beside its router.
-    take_at_once = 256
-
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
                  mailbox_size: int = 4096, metrics: WorkerMetrics | None = None,
@@ -150,6 +156,12 @@ class EngineActor(Actor):
                                                   initializer=name_os_thread,
                                                   initargs=("poolwire-forward",))
         self._tokens_per_s = 0.0  # drain rate, for `retry_after_ms`
+        self._tokenize_queue: list[tuple[Job, list[str]]] = []  # jobs for the next batch call
+        self._tokenize_jobs = 0             # jobs queued or in the tokenize thread
+        self._tokenize_task: asyncio.Task | None = None
+        # Requests received upstream (the ingest's and validator's backlogs) and not yet here;
+        # the worker wires it once those actors exist (_wait_for_batch).
+        self.upstream: Callable[[], int] = lambda: 0
         # Encodes the texts of jobs taken together (Tokenizing.encode_ahead): the Rust
         # tokenizer's batch call releases the GIL, so on another core.
         self._tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-tokenize",
@@ -158,7 +170,7 @@ class EngineActor(Actor):
 
     @property
     def backlog(self) -> int:
-        return super().backlog + len(self._inflight) + self._looking
+        return super().backlog + len(self._inflight) + self._looking + self._tokenize_jobs
 
     @property
     def queued_items(self) -> int:
@@ -169,39 +181,65 @@ class EngineActor(Actor):
     def queued_tokens(self) -> int:
         return self._planner.queued_tokens
 
-    async def before_each_take(self, messages: list) -> None:
-        """Encode the texts of the jobs about to be planned in one call in the tokenize thread,
-        when there are at least two (one short text costs less to encode here than the hand-off
-        to a thread); each plan then finds its ids ready (Tokenizing.use_ahead)."""
-        self._tokenizing.use_ahead({})
+    def _to_tokenize(self, job: Job) -> bool:
+        """Queue a job whose texts are tokenized beside the mailbox (True), or leave it to be
+        planned at once (False): a one-text job on an idle engine (one request at a time)
+        costs less encoded here than handed to a thread and back."""
         if not self._tokenizing.encodes_ahead:
-            return
-        triples = []
-        for message in messages:
-            request, task = self._planned_now(message)
-            if request is not None:
-                triples += [(text, request.truncate_prompt_tokens, request.truncation_side)
-                            for text in texts_for_ids(task, request, self.model)]
-        if len(triples) < 2:
-            return
-        started = time.perf_counter()
-        ahead = await asyncio.get_running_loop().run_in_executor(
-            self._tokenize_thread, self._tokenizing.encode_ahead, triples)
-        self.stats.add("tokenize", time.perf_counter() - started)
-        self._tokenizing.use_ahead(ahead)
+            return False
+        texts = texts_for_ids(job.task, job.request, self.model)
+        idle = not (self._tokenize_jobs or self._in_forward or len(self._planner))
+        if not texts or (len(texts) == 1 and idle):
+            return False
+        self._tokenize_queue.append((job, texts))
+        self._tokenize_jobs += 1
+        if self._tokenize_task is None or self._tokenize_task.done():
+            self._tokenize_task = asyncio.create_task(self._tokenize_beside(),
+                                                      name="poolwire-tokenize")
+        return True
 
-    def _planned_now(self, message) -> tuple[object, Task | None]:
-        """The request whose texts `receive(message)` tokenizes at once, with its task; (None,
-        None) where it goes beside the mailbox first (a cache lookup, images) or has nothing
-        left to compute."""
-        if isinstance(message, _Looked):
-            cached = message.cached
-            return (cached.request if cached is not None else message.job.request), message.job.task
-        if isinstance(message, Job) and self._cache is None and self._images is None:
-            return message.request, message.task
-        return None, None
+    async def _tokenize_beside(self) -> None:
+        """Encode the texts of every queued job in one batch call in the tokenize thread (the
+        Rust tokenizer's batch call releases the GIL, its one-text call does not), and hand
+        the jobs back to the mailbox with their ids (_Tokenized); jobs queued meanwhile are
+        the next batch. The mailbox goes on meanwhile, as TEI's router does beside its
+        tokenizers."""
+        loop = asyncio.get_running_loop()
+        while self._tokenize_queue:
+            taken, self._tokenize_queue = self._tokenize_queue, []
+            triples = [(text, job.request.truncate_prompt_tokens, job.request.truncation_side)
+                       for job, texts in taken for text in texts]
+            started = time.perf_counter()
+            try:
+                ahead = await loop.run_in_executor(self._tokenize_thread,
+                                                   self._tokenizing.encode_ahead, triples)
+            except Exception:  # the plans encode them instead, and answer what fails
+                log.exception("encoding %d texts ahead failed; they are encoded one job at "
+                              "a time", len(triples))
+                ahead = {}
+            self.stats.add("tokenize", time.perf_counter() - started)
+            try:
+                self.tell(_Tokenized([job for job, _ in taken], ahead))
+            except MailboxFull:
+                for job, _ in taken:
+                    await self._refuse(job, PoolingError(
+                        ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later "
+                                              "or add workers", retry_after_ms=100))
+            finally:
+                self._tokenize_jobs -= len(taken)  # after the tell: the backlog never reads 0
 
-    async def receive(self, message: "Job | _Looked | _Prepared") -> None:
+    async def receive(self, message: "Job | _Looked | _Prepared | _Tokenized") -> None:
+        if isinstance(message, _Tokenized):
+            self._tokenizing.use_ahead(message.ahead)
+            try:
+                for job in message.jobs:
+                    try:
+                        await self._take(job, None)
+                    except Exception as exc:  # one job's failure is that job's answer
+                        await self.answer_failure(job, exc)
+            finally:
+                self._tokenizing.use_ahead({})
+            return
         if isinstance(message, _Looked):
             await self._take(message.job, message.cached)
             return
@@ -220,7 +258,8 @@ class EngineActor(Actor):
             self._beside_mailbox(job, self._prepared, "poolwire-images")
         elif self._cache is None or self.model.towers is not None:
             # The cache keys texts; a multimodal model's requests are computed without it.
-            await self._take(job, None)
+            if not self._to_tokenize(job):
+                await self._take(job, None)
         else:
             self._beside_mailbox(job, self._looked_up, "poolwire-cache-lookup")
 
@@ -358,7 +397,10 @@ class EngineActor(Actor):
                                f"{self.limits.max_queued_tokens}); retry later or add workers",
                                retry_after_ms=max(1, int(1000 * queued / rate)))
 
-    async def on_failure(self, message: "Job | _Looked | _Prepared", exc: BaseException) -> None:
+    async def on_failure(self, message: "Job | _Looked | _Prepared | _Tokenized",
+                         exc: BaseException) -> None:
+        if isinstance(message, _Tokenized):  # each job's failure was answered where it raised
+            return
         job = message.job if isinstance(message, (_Looked, _Prepared)) else message
         await self._replier.send_error(job.reply, job.request_id,
                                        PoolingError(ErrorCode.INTERNAL, f"internal error: {exc!r}"),
@@ -457,7 +499,10 @@ class EngineActor(Actor):
           ready the moment the model is free);
         - or the model is idle and work is queued: then wait at most max_wait_ms for more, but
           only while arrivals are dense enough that another is expected within that time (a
-          lone request at low load runs at once instead of paying the wait)."""
+          lone request at low load runs at once instead of paying the wait), and only while
+          more is on its way (in this actor's mailbox or upstream of it): once the requests
+          a burst brought are all queued, waiting longer only idles the model (at 64 requests
+          in flight it cost each batch the whole wait: bench/service_cost.py)."""
         while True:
             if self._full_batch_queued() and self._in_forward < 2:
                 return
@@ -470,6 +515,8 @@ class EngineActor(Actor):
             return
         until = time.monotonic() + wait_s
         while not self._full_batch_queued():
+            if not self._on_its_way():
+                return
             left = until - time.monotonic()
             if left <= 0:
                 return
@@ -478,6 +525,10 @@ class EngineActor(Actor):
                 await asyncio.wait_for(self._wake.wait(), left)
             except asyncio.TimeoutError:
                 return
+
+    def _on_its_way(self) -> int:
+        """Requests received and not yet queued for a forward pass."""
+        return super().backlog + self._looking + self._tokenize_jobs + self.upstream()
 
     async def _drop_expired(self) -> None:
         for item in self._planner.expired(time.monotonic()):
@@ -570,6 +621,9 @@ class EngineActor(Actor):
             await self._replier.send(job.reply, body, job.headers)
 
     async def close(self) -> None:
+        if self._tokenize_task is not None:
+            self._tokenize_task.cancel()
+            await asyncio.gather(self._tokenize_task, return_exceptions=True)
         for task in list(self._lookups):
             task.cancel()
         await asyncio.gather(*self._lookups, return_exceptions=True)

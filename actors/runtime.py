@@ -8,7 +8,6 @@ import asyncio
 import logging
 import time
 import traceback
-from collections import deque
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,9 +27,6 @@ class Actor(ABC):
     def __init__(self, mailbox_size: int) -> None:
         self._mailbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=mailbox_size)
         self._busy = 0
-        # Taken off the mailbox together and not yet received (take_at_once); kept on the
-        # actor, so that a loop restarted after a crash receives them first.
-        self._held: deque[Any] = deque()
         self.failures = 0  # messages whose handler raised (each answered by on_failure)
         self._crash_log = CrashLog()
 
@@ -44,7 +40,7 @@ class Actor(ABC):
     @property
     def backlog(self) -> int:
         """Messages queued or being handled; zero means this actor is idle."""
-        return self._mailbox.qsize() + len(self._held) + self._busy
+        return self._mailbox.qsize() + self._busy
 
     @abstractmethod
     async def receive(self, message: Any) -> None:
@@ -57,46 +53,28 @@ class Actor(ABC):
         """Reset state that may be inconsistent after a handler raised or the actor crashed.
         The mailbox survives."""
 
-    # Messages taken off the mailbox at once (those already queued, up to this many), so that
-    # `before_each_take` sees what is about to be handled together; 1: one at a time.
-    take_at_once = 1
-
-    async def before_each_take(self, messages: list[Any]) -> None:
-        """Work done once for the messages taken together, before each is received (the engine
-        tokenizes their texts in one batch call). An exception here is logged and the messages
-        are received as usual: it may only prepare, never answer."""
-
     async def run(self) -> None:
         while True:
-            if not self._held:
-                self._held.append(await self._mailbox.get())
-                while len(self._held) < self.take_at_once and not self._mailbox.empty():
-                    self._held.append(self._mailbox.get_nowait())
-                if self.take_at_once > 1:
-                    await self._prepare(list(self._held))
-            message = self._held.popleft()
+            message = await self._mailbox.get()
             self._busy += 1
             try:
                 await self.receive(message)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.failures += 1
-                self._crash_log.record(f"{self.name} failed on one message and carries on", exc)
-                self.on_restart()
-                # If answering fails too, the actor itself is broken: that reaches the supervisor.
-                await self.on_failure(message, exc)
+                await self.answer_failure(message, exc)
             finally:
                 self._busy -= 1
 
-    async def _prepare(self, messages: list[Any]) -> None:
-        try:
-            await self.before_each_take(messages)
-        except asyncio.CancelledError:
-            raise  # the messages stay held: a restarted loop receives them
-        except Exception as exc:
-            self._crash_log.record(f"{self.name}: preparing {len(messages)} messages failed; "
-                                   f"each is handled as usual", exc)
+    async def answer_failure(self, message: Any, exc: BaseException) -> None:
+        """A message whose handling raised: counted, logged once per distinct traceback, and
+        answered. For an actor that handles several messages at once (one message standing
+        for several jobs), per job."""
+        self.failures += 1
+        self._crash_log.record(f"{self.name} failed on one message and carries on", exc)
+        self.on_restart()
+        # If answering fails too, the actor itself is broken: that reaches the supervisor.
+        await self.on_failure(message, exc)
 
 
 class CrashLog:

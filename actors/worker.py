@@ -193,6 +193,8 @@ class Worker:
             self.engine, replier, self.worker_id, self.stats)
         self.ingest = IngestActor(self.nc, s.prefix, s.queue, self.validator, replier, self.stats,
                                   metrics=self.metrics, tracing=self.tracing)
+        ingest, validator = self.ingest, self.validator
+        self.engine.upstream = lambda: ingest.backlog + validator.backlog
         # Subscribe before creating the events stream, and start the actors only once it exists:
         # requests that arrive meanwhile wait in the ingest mailbox, so every deprecation event
         # is kept. The other order (stream first) made nats-server 2.15 answer no-responders to

@@ -1,0 +1,95 @@
+"""The engine's hot path around the model (issue: the service's own cost): texts tokenized in
+a thread beside the mailbox, in one batch call for the jobs queued together, with every job
+answered whatever that thread does; and the batching wait, which ends once nothing more is on
+its way."""
+
+import asyncio
+
+import msgpack
+import numpy as np
+import pytest
+
+from poolwire.actors.batch_planner import QueuedItem
+from poolwire.actors.engine import EngineActor, EngineLimits
+from poolwire.models.tokenizing import Tokenizing
+
+pytestmark = pytest.mark.timeout(180)
+
+TEXTS = [f"text number {i} about {'cats' if i % 2 else 'the weather'}" for i in range(12)]
+
+
+async def _embed_all(nc, prefix):
+    """20 requests of 3 texts in flight at once, and one lone one-text request."""
+    bodies = [msgpack.packb({"input": TEXTS[i % 10:i % 10 + 3], "request_id": f"r{i}"})
+              for i in range(20)]
+    replies = await asyncio.gather(*(nc.request(f"{prefix}.embed", b, timeout=60) for b in bodies))
+    lone = await nc.request(f"{prefix}.embed", msgpack.packb({"input": TEXTS[0]}), timeout=60)
+    return [msgpack.unpackb(r.data) for r in replies] + [msgpack.unpackb(lone.data)]
+
+
+def _vectors(frames):
+    return [np.array([d["data"] for d in f["data"]], dtype=np.float32) for f in frames]
+
+
+async def test_jobs_tokenized_beside_the_mailbox_are_answered_as_if_planned_alone(
+        minilm, start_worker, nc, prefix, monkeypatch):
+    """Several texts a request go through the tokenize thread's batch call, and a text's vector
+    does not depend on the request or batch that carried it. Then the same with that thread
+    failing on every call: each job is tokenized as it is planned instead (the path a lone
+    request takes), and answered with the same vectors, no failure counted."""
+    calls = []
+    real = Tokenizing.encode_ahead
+
+    def counted(self, triples):
+        calls.append(len(triples))
+        return real(self, triples)
+
+    monkeypatch.setattr(Tokenizing, "encode_ahead", counted)
+    async with start_worker(minilm) as worker:
+        first = await _embed_all(nc, prefix)
+        assert worker.engine.failures == 0
+    assert calls and sum(calls) >= 60  # every text of the 3-text requests went through it
+    assert [f["request_id"] for f in first[:20]] == [f"r{i}" for i in range(20)]
+
+    def broken(self, triples):
+        raise RuntimeError("the tokenize thread broke")
+
+    monkeypatch.setattr(Tokenizing, "encode_ahead", broken)
+    async with start_worker(minilm) as worker:
+        second = await _embed_all(nc, prefix)
+        assert worker.engine.failures == 0
+    for a, b in zip(_vectors(first), _vectors(second)):
+        assert a.shape == b.shape and np.abs(a - b).max() < 1e-5
+    # A text's vector does not depend on which request or batch carried it.
+    seen = {}
+    for frame, vecs in zip(first[:20], _vectors(first[:20])):
+        i = int(frame["request_id"][1:])
+        for text, vec in zip(TEXTS[i % 10:i % 10 + 3], vecs):
+            if text in seen:
+                assert np.abs(seen[text] - vec).max() < 1e-5
+            seen[text] = vec
+
+
+class _Replier:
+    max_payload = 1 << 20
+
+
+async def test_the_batching_wait_lasts_only_while_more_is_on_its_way(minilm):
+    """Dense arrivals and a long max_wait_ms: the engine waits for more work while requests
+    are still upstream (the ingest's and validator's backlogs), and plans the batch once none
+    are, instead of idling the model for the rest of the wait."""
+    engine = EngineActor(minilm, _Replier(), EngineLimits(max_wait_ms=60_000))
+    try:
+        upstream = [3]
+        engine.upstream = lambda: upstream[0]
+        engine._arrival_gap_s = 1e-4  # arrivals are dense: the wait applies
+        engine._planner.add(QueuedItem(tokens=5, priority=0, deadline=None, group="hidden",
+                                       payload=None))
+        waiting = asyncio.create_task(engine._wait_for_batch())
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # three requests are on their way
+        upstream[0] = 0
+        engine._wake.set()  # what their arrival (or any other wake) does
+        await asyncio.wait_for(waiting, 5)  # not the 60 s of max_wait_ms
+    finally:
+        await engine.close()
