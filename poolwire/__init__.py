@@ -14,7 +14,6 @@ telemetry_off.apply()
 
 from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 
-from poolwire.client import PoolingClient, PoolingServiceError  # noqa: E402
 from poolwire.offline_errors import (DeadlineExceededError,  # noqa: E402
                                      InputTooLongError, InternalError,
                                      InvalidRequestError, OverloadedError, PayloadTooLargeError,
@@ -37,9 +36,16 @@ __all__ = ["PoolingClient", "PoolingServiceError", "TASK_ORDER", "Task", "Worker
 
 
 def __getattr__(name: str):
-    # PoolingModel brings torch and transformers: loaded on first use, not by `import poolwire`.
+    # PoolingModel brings torch and transformers, the client nats-py, numpy and Pillow's
+    # neighbours: each is loaded on first use, not by `import poolwire`, which every `poolwire`
+    # command pays (`poolwire health`, a container's healthcheck, ran into its timeout under
+    # load while it imported the client it never uses).
     if name == "PoolingModel":
         from poolwire.offline import PoolingModel
 
         return PoolingModel
+    if name in ("PoolingClient", "PoolingServiceError"):
+        from poolwire import client
+
+        return getattr(client, name)
     raise AttributeError(f"module 'poolwire' has no attribute {name!r}")
