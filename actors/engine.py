@@ -80,6 +80,12 @@ class _Prepared:
     images: dict
 
 
+def _engine_full() -> PoolingError:
+    """The answer to a job that comes back from work beside the mailbox to a full mailbox."""
+    return PoolingError(ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later or "
+                                              "add workers", retry_after_ms=100)
+
+
 @dataclass(frozen=True)
 class _Tokenized:
     """Jobs back from the tokenize thread (EngineActor._tokenize_beside), in the order they
@@ -117,6 +123,7 @@ class InFlight:
 
 class EngineActor(Actor):
     name = "engine"
+
     def __init__(self, model: LoadedModel, replier: Replier, limits: EngineLimits,
                  publish_event=None, stats: StageStats | None = None,
                  mailbox_size: int = 4096, metrics: WorkerMetrics | None = None,
@@ -222,9 +229,7 @@ class EngineActor(Actor):
                 self.tell(_Tokenized([job for job, _ in taken], ahead))
             except MailboxFull:
                 for job, _ in taken:
-                    await self._refuse(job, PoolingError(
-                        ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later "
-                                              "or add workers", retry_after_ms=100))
+                    await self._refuse(job, _engine_full())
             finally:
                 self._tokenize_jobs -= len(taken)  # after the tell: the backlog never reads 0
 
@@ -283,9 +288,7 @@ class EngineActor(Actor):
             try:
                 self.tell(message)
             except MailboxFull:
-                await self._refuse(job, PoolingError(
-                    ErrorCode.OVERLOADED, "the worker's engine queue is full; retry later or add "
-                                          "workers", retry_after_ms=100))
+                await self._refuse(job, _engine_full())
         finally:
             self._looking -= 1  # after the tell: the backlog never reads 0 in between
 

@@ -205,7 +205,8 @@ _CLOSING_BOUND = 512
 def _clearly_fits(n_items: int, width: int, job, model, room: int) -> bool:
     """A coarse upper bound on a sequence-level reply that decides the common case (a few
     vectors, far below max_payload) without encoding anything; where it does not decide, the
-    exact estimate does. Strings count 6 bytes a character (JSON's \\uXXXX escapes)."""
+    exact estimate does. Strings count 6 bytes a character: JSON escapes a character as
+    at most six (a backslash, u and four hex digits)."""
     if getattr(model, "sparse", None) is not None:
         return False  # a sparse item's size is not its width
     strings = len(job.request_id) + len(model.name) + sum(len(w) for w in job.warnings)
