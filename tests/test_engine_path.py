@@ -86,8 +86,11 @@ async def test_the_batching_wait_lasts_only_while_more_is_on_its_way(minilm):
         engine._planner.add(QueuedItem(tokens=5, priority=0, deadline=None, group="hidden",
                                        payload=None))
         waiting = asyncio.create_task(engine._wait_for_batch())
-        await asyncio.sleep(0.3)
-        assert not waiting.done()  # three requests are on their way
+        for _ in range(3):  # wakes (an arrival, a forward pass ending) while three are coming
+            engine._wake.set()
+            for _ in range(10):
+                await asyncio.sleep(0)  # a turn of the loop, not a wait
+            assert not waiting.done()
         upstream[0] = 0
         engine._wake.set()  # what their arrival (or any other wake) does
         await asyncio.wait_for(waiting, 5)  # not the 60 s of max_wait_ms

@@ -147,8 +147,9 @@ async def discovery() -> set[str]:
         await nc.close()
 
 
-async def tracked_load(client: PoolingClient, stop: asyncio.Event) -> dict:
-    tally = {"sent": 0, "first": 0, "retried": 0, "unanswered": 0, "tasks": []}
+async def tracked_load(client: PoolingClient, stop: asyncio.Event, tally: dict) -> dict:
+    """One request every 50 ms until `stop`, counted in `tally` as they are answered."""
+    tally.update(sent=0, first=0, retried=0, unanswered=0)
 
     async def one(k: int) -> None:
         try:
@@ -207,7 +208,7 @@ async def main() -> int:
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
             if time.monotonic() > first_deadline:
                 raise CheckFailed("no answer within 300 s of `up`")
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # no worker subscribed yet: nothing to wait on but time
     say(f"first answer {time.monotonic() - t0:.1f} s after `docker compose up -d` began")
 
     try:
@@ -226,9 +227,10 @@ async def main() -> int:
         # --- docker kill: restart: unless-stopped brings it back; the load stays answered -----
         victim = ids[0]
         restarts = inspect(victim)["RestartCount"]
-        stop = asyncio.Event()
-        loader = asyncio.ensure_future(tracked_load(client, stop))
-        await asyncio.sleep(2)  # some load before the kill
+        stop, tally = asyncio.Event(), {}
+        loader = asyncio.ensure_future(tracked_load(client, stop, tally))
+        await until("some load answered before the kill", lambda: tally.get("first", 0) >= 20,
+                    60, every=0.1)
         killed_at = time.monotonic()
         # SIGKILL of the container's process from the host, as the OOM killer or a crash ends
         # it. Not `docker kill`: Docker (20.10 here) marks a container it killed as stopped by
@@ -241,9 +243,12 @@ async def main() -> int:
                     lambda: inspect(victim)["RestartCount"] > restarts and inspect(victim)["State"]["Running"], 120)
         await until(f"{name(victim)} healthy again", lambda: all_healthy(2), 240)
         back = time.monotonic() - killed_at
-        await asyncio.sleep(2)  # load on the returned worker too
+        answered_when_back = tally["first"] + tally["retried"]
+        await until("load answered on the returned worker too",
+                    lambda: tally["first"] + tally["retried"] >= answered_when_back + 20, 60,
+                    every=0.1)
         stop.set()
-        tally = await asyncio.wait_for(loader, 60)
+        await asyncio.wait_for(loader, 60)
         say(f"{name(victim)} back: restart count {inspect(victim)['RestartCount']}, healthy "
             f"{back:.1f} s after the kill")
         say(f"during the kill: {tally['sent']} requests sent, {tally['first']} answered at once, "
@@ -276,7 +281,7 @@ async def main() -> int:
         restart = asyncio.ensure_future(asyncio.to_thread(compose, "restart", "worker", timeout=300))
         while not restart.done():
             jobs.append(asyncio.ensure_future(job(len(jobs))))
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.25)  # the pace of submissions while the restart runs
         await restart
         # Jobs published while no worker was up wait in the stream for the restarted ones.
         for _ in range(4):
