@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+from transformers import AutoModel, AutoTokenizer, BertModel
 
 from poolwire.client import PoolingClient, PoolingServiceError
 from poolwire.models import adapters as adapters_module
@@ -18,6 +18,7 @@ from poolwire.models.backend_choice import BackendError, build_backend
 from poolwire.models.model import bundled_model_dir, load_model
 from poolwire.offline import PoolingModel
 from tests.helpers import close
+from tests.model_zoo import _bert
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,8 +42,7 @@ def save_lora(base_dir, folder, seed: int, targets: list[str]) -> None:
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     torch.manual_seed(11)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    config = _bert()
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
     base = root / "base"
     BertModel(config).eval().save_pretrained(base)

@@ -8,13 +8,14 @@ reference reimplemented here from FlagEmbedding's published formulas (M3Embedder
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+from transformers import AutoModel, AutoTokenizer, BertModel
 
 from poolwire.client import PoolingClient, PoolingServiceError
 from poolwire.models.model import bundled_model_dir, load_model
 from poolwire.offline import PoolingModel
 from poolwire.offline_errors import InvalidRequestError
 from tests.helpers import close
+from tests.model_zoo import _bert
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,8 +29,7 @@ WEIGHTS = (0.4, 0.2, 0.4)
 def m3_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bge-m3")
     torch.manual_seed(7)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    config = _bert()
     BertModel(config).eval().save_pretrained(folder)
     AutoTokenizer.from_pretrained(bundled_model_dir()).save_pretrained(folder)
     # As FlagEmbedding saves them: the state dicts of nn.Linear(hidden, 1) and (hidden, hidden).
