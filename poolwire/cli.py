@@ -185,7 +185,8 @@ async def serve(settings: WorkerSettings) -> int:
     url = settings.nats_url
     health_file = settings.health_file or settings.state_dir / HEALTH_FILE_NAME
     if url is None:
-        server = NatsServer(store_dir=settings.state_dir / "nats", port=settings.nats_port)
+        server = NatsServer(store_dir=settings.state_dir / "nats", port=settings.nats_port,
+                            stop_with_parent=True)
         try:
             url = server.start()
         except (RuntimeError, TimeoutError, OSError) as exc:

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,37 @@ def test_openvino_workers_leave_nothing_behind(nats_server, tiny_encoder, tmp_pa
     written = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     assert written == [], written  # ~/intel/openvino_telemetry and its client id among them
     assert not lookups.exists(), lookups.read_text()
+
+
+def test_a_killed_worker_takes_its_embedded_nats_server_with_it(tiny_encoder, tmp_path):
+    """SIGKILL (the OOM killer, `docker kill`) runs none of the worker's own cleanup: the
+    kernel stops the embedded server (PR_SET_PDEATHSIG), which would otherwise keep running
+    and hold the port that the worker's restart asks for."""
+    state = tmp_path / "state"
+    env = {**worker_env(), "HF_HUB_OFFLINE": "1", "LOOKUP_LOG": str(tmp_path / "lookups.log")}
+    proc = _start(["--model", str(tiny_encoder), "--backend", "torch", "--device", "cpu",
+                   "--state-dir", str(state), "--nats-port", "-1"], env, tmp_path)
+    lines = []
+    _wait_for_line(proc, b"poolwire: serving", lines)
+    assert b"started an embedded nats-server" in b"".join(lines)
+    servers = [pid for pid, _sid, _st, cmd in _sessions_and_cmdlines()
+               if "nats-server" in cmd and str(state) in cmd]
+    assert len(servers) == 1, servers
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    deadline = time.monotonic() + 30  # nats-server's own shutdown on SIGTERM: well under this
+    while time.monotonic() < deadline and _alive(servers[0]):
+        time.sleep(0.05)
+    if _alive(servers[0]):
+        os.kill(servers[0], signal.SIGKILL)  # this test's leftover: not left to the next run
+        raise AssertionError(f"the embedded nats-server {servers[0]} outlived its worker")
+
+
+def _alive(pid: int) -> bool:
+    """Running: a zombie has exited and only waits for its new parent (init) to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
