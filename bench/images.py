@@ -35,6 +35,7 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
+from bench.arguments import count  # noqa: E402
 from bench.progress import log  # noqa: E402 - after the path fix, when run as a script
 
 PREFIX = "bench.images"
@@ -139,18 +140,14 @@ async def run_both(folder: Path, images: list[bytes], per_request: int, reps: in
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=int, default=64, help="images per timed run")
-    p.add_argument("--per-request", type=int, default=16, help="images per NATS request")
-    p.add_argument("--reps", type=int, default=5, help="timed runs on each side")
+    p.add_argument("--images", type=count, default=64, help="images per timed run")
+    p.add_argument("--per-request", type=count, default=16, help="images per NATS request")
+    p.add_argument("--reps", type=count, default=5, help="timed runs on each side")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first, on each side")
     p.add_argument("--batch-size", type=int, default=32, help="encode's batch_size")
-    p.add_argument("--layers", type=int, default=12, help="image tower layers (ViT-B/32: 12)")
+    p.add_argument("--layers", type=count, default=12, help="image tower layers (ViT-B/32: 12)")
     p.add_argument("--json", type=Path, help="also write the figures here")
-    args = p.parse_args(argv)
-    for name in ("images", "per_request", "reps", "layers"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,8 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)  # run as a script: import bench.* from this checkout
 
+from bench.arguments import count  # noqa: E402 - after the path fix
+
 
 def _timed(fn, texts) -> tuple[float, object]:
     started = time.perf_counter()
@@ -94,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     from poolwire.models.model import bundled_model_dir
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--texts", type=int, default=2000, help="workload size (default 2000)")
+    p.add_argument("--texts", type=count, default=2000, help="workload size (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--rounds", type=int, default=3, help="timed passes of each side (default 3)")
+    p.add_argument("--rounds", type=count, default=3, help="timed passes of each side (default 3)")
     p.add_argument("--model", help="model folder (default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--batch-size", type=int, default=32, help="in-process encode batch size")
@@ -104,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="PoolingModel's precision (default exact, as encode computes)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
-    if args.texts < 1 or args.rounds < 1:
-        p.error(f"--texts {args.texts} and --rounds {args.rounds} must be at least 1")
     texts = mixed_texts(args.texts, seed=args.seed)
     result = measure(texts, str(args.model or bundled_model_dir()), args.device, args.rounds,
                      args.batch_size, args.precision)

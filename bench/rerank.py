@@ -36,6 +36,7 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
+from bench.arguments import count  # noqa: E402
 from bench.progress import log  # noqa: E402 - after the path fix, when run as a script
 
 QUERY = "which team repairs the broken clock before dawn?"
@@ -111,19 +112,15 @@ def table(rows: list[dict]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--documents", type=int, default=100, help="documents per rerank")
-    p.add_argument("--reps", type=int, default=10, help="timed reranks on each side")
+    p.add_argument("--documents", type=count, default=100, help="documents per rerank")
+    p.add_argument("--reps", type=count, default=10, help="timed reranks on each side")
     p.add_argument("--warmup", type=int, default=2, help="untimed reranks first, on each side")
     p.add_argument("--batch-size", type=int, default=32, help="CrossEncoder.rank's batch_size")
     p.add_argument("--model", type=Path, help="a one-label cross-encoder folder (default: built "
                                               "from the bundled MiniLM)")
     p.add_argument("--max-batch-tokens", type=int, help="the worker's --max-batch-tokens")
     p.add_argument("--json", type=Path, help="also write the rows and the agreement here")
-    args = p.parse_args(argv)
-    for name in ("documents", "reps"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1")
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,7 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
+from bench.arguments import count  # noqa: E402
 from bench import machine  # noqa: E402
 from bench.children import child_env, stop_process  # noqa: E402
 from bench.meters import _CLK_TCK, BackgroundMeter, process_cpu_s  # noqa: E402
@@ -386,13 +387,13 @@ def run(args: argparse.Namespace, command: str) -> tuple[list[ShapeResult], str]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="The service's own cost: a poolwire worker with a "
                                 "near-zero model against a bare nats-py responder, interleaved.")
-    p.add_argument("--rounds", type=int, default=4,
+    p.add_argument("--rounds", type=count, default=4,
                    help="rounds per shape, alternating which side goes first (default 4)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="texts per round relative to the default (0.1: a small run)")
     p.add_argument("--shapes", default=",".join(s.key for s in SHAPES),
                    help="shapes to run, comma separated: 1x64, 32x8, 1x1 (default all)")
-    p.add_argument("--processes", type=int, default=1,
+    p.add_argument("--processes", type=count, default=1,
                    help="worker processes in the queue group, each a `poolwire serve` sharing "
                         "the machine (and device); CPU is summed over them (default 1)")
     p.add_argument("--worker-args", default="",
@@ -430,9 +431,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         build_parser().error(f"--shapes {','.join(sorted(unknown))}: unknown; use "
                              f"{', '.join(s.key for s in SHAPES)}")
-    for name, value in (("--rounds", args.rounds), ("--processes", args.processes)):
-        if value < 1:
-            build_parser().error(f"{name} must be at least 1, got {value}")
     if args.scale <= 0:
         build_parser().error(f"--scale must be above 0, got {args.scale}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -54,6 +54,7 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
+from bench.arguments import count  # noqa: E402
 from bench import machine  # noqa: E402
 from bench.inprocess import inprocess_child, run_inprocess, run_peers  # noqa: E402
 from bench.progress import log  # noqa: E402
@@ -75,7 +76,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, description="Throughput and latency of in-process SentenceTransformer.encode "
         "and of a poolwire worker over a local nats-server, on one deterministic workload.")
-    p.add_argument("--texts", type=int, default=2000, help="workload size (default 2000)")
+    p.add_argument("--texts", type=count, default=2000, help="workload size (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--configs", type=parse_configs, default=None,
                    help=f"setups to run, comma separated: inprocess, peers, service, cN (N requests in flight, one "
@@ -132,8 +133,6 @@ def _command_line(argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if args.texts < 1:
-        build_parser().error("--texts must be at least 1")
     if args.profile_worker and Path(args.profile_worker).exists() and not Path(args.profile_worker).is_dir():
         build_parser().error(f"--profile-worker {args.profile_worker}: exists and is not a folder; "
                              f"name a folder for the worker-<setup>.prof files")

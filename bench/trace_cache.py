@@ -42,6 +42,8 @@ _HERE = Path(__file__).resolve().parent
 if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
     sys.path[0] = str(_HERE.parent)
 
+from bench.arguments import count  # noqa: E402 - after the path fix
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -247,13 +249,13 @@ def markdown(report: dict, command: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--texts", type=int, default=1000, help="workload size (default 1000)")
-    p.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
-    p.add_argument("--per-request", type=int, default=8,
+    p.add_argument("--texts", type=count, default=1000, help="workload size (default 1000)")
+    p.add_argument("--concurrency", type=count, default=64, help="requests in flight (default 64)")
+    p.add_argument("--per-request", type=count, default=8,
                    help="texts per request in the cache rows (default 8)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating tracing rounds (default 3)")
+    p.add_argument("--rounds", type=count, default=3, help="alternating tracing rounds (default 3)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--span-reps", type=int, default=2000,
+    p.add_argument("--span-reps", type=count, default=2000,
                    help="traced requests simulated to measure tracing's own CPU (default 2000)")
     p.add_argument("--quick", action="store_true", help="120 texts, concurrency 16, one round")
     p.add_argument("--json", type=Path, help="also write the report here")
@@ -265,10 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.texts, args.concurrency, args.rounds = 120, 16, 1
-    for name in ("texts", "concurrency", "per_request", "rounds", "span_reps"):
-        if getattr(args, name) < 1:
-            print(f"trace_cache: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
-            return 2
     report = asyncio.run(run(args))
     command = " ".join(["python bench/trace_cache.py", *argv])
     report["command"] = command

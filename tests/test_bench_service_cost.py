@@ -51,8 +51,8 @@ def test_table_shows_ratios_each_way_and_cpu_per_text():
 
 @pytest.mark.parametrize("args, message", [
     (["--shapes", "1x64,9x9"], "--shapes 9x9: unknown"),
-    (["--rounds", "0"], "--rounds must be at least 1"),
-    (["--processes", "0"], "--processes must be at least 1"),
+    (["--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
+    (["--processes", "x"], "argument --processes: not a whole number: 'x'"),
     (["--scale", "0"], "--scale must be above 0"),
 ])
 def test_bad_arguments_name_the_value(args, message, capsys):

@@ -32,5 +32,7 @@ def test_a_tiny_run_reports_every_row_and_both_ratios(tmp_path, capsys):
 
 
 def test_sizes_below_one_are_refused(capsys):
-    assert trace_cache.main(["--texts", "0"]) == 2
-    assert "--texts must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        trace_cache.main(["--texts", "0"])
+    assert exit_.value.code == 2
+    assert "argument --texts: must be at least 1, got 0" in capsys.readouterr().err

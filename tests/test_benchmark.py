@@ -11,6 +11,7 @@ import pytest
 from bench import throughput as benchmark
 import numpy as np
 
+from bench.arguments import count
 from bench.precision_modes import accuracy_cells, classify_accuracy, embed_accuracy, parse_modes
 from bench.setups import Setup, parse_configs
 from bench.table import Report, Row, percentile
@@ -30,6 +31,16 @@ def test_parse_configs_names_every_setup():
         parse_configs("c0")
     with pytest.raises(argparse.ArgumentTypeError, match="at least 1"):
         parse_configs("cls0")
+
+
+def test_counts_are_whole_numbers_of_at_least_one():
+    assert count("1") == 1 and count("64") == 64
+    for raw, message in (("0", "must be at least 1, got 0"), ("-3", "must be at least 1, got -3"),
+                         ("2.5", "not a whole number: '2.5'"), ("", "not a whole number: ''")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            count(raw)
+    with pytest.raises(SystemExit):  # what the benchmarks' parsers make of it
+        benchmark.build_parser().parse_args(["--texts", "0"])
 
 
 def test_percentile_interpolates_like_numpy():
