@@ -30,7 +30,9 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def _stop_with_this_thread():
     """A preexec_fn: the kernel sends the child SIGTERM once the thread that started it exits,
     a SIGKILL included (prctl PR_SET_PDEATHSIG). None where there is no prctl (not Linux).
-    prctl is looked up here, before the fork; the child only calls it."""
+    prctl is looked up here, before the fork: between fork and exec the child (a copy of a
+    process with threads) only calls prctl and getppid, which take no lock another thread could
+    have held at the fork."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
