@@ -11,10 +11,10 @@ records every name lookup."""
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -154,21 +154,17 @@ def test_a_killed_worker_takes_its_embedded_nats_server_with_it(tiny_encoder, tm
     servers = [pid for pid, _sid, _st, cmd in _sessions_and_cmdlines()
                if "nats-server" in cmd and str(state) in cmd]
     assert len(servers) == 1, servers
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stdout.close()
-    deadline = time.monotonic() + 30  # nats-server's own shutdown on SIGTERM: well under this
-    while time.monotonic() < deadline and _alive(servers[0]):
-        time.sleep(0.05)
-    if _alive(servers[0]):
-        os.kill(servers[0], signal.SIGKILL)  # this test's leftover: not left to the next run
-        raise AssertionError(f"the embedded nats-server {servers[0]} outlived its worker")
-
-
-def _alive(pid: int) -> bool:
-    """Running: a zombie has exited and only waits for its new parent (init) to reap it."""
+    # A pidfd, opened while the server runs, is readable once that process exits: the test
+    # waits on the exit itself (never on a PID the kernel may reuse), not on polls of /proc.
+    server = os.pidfd_open(servers[0])
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        # nats-server's own shutdown on SIGTERM takes well under 30 s.
+        exited, _, _ = select.select([server], [], [], 30)
+        if not exited:
+            signal.pidfd_send_signal(server, signal.SIGKILL)  # not left to the next run
+            raise AssertionError(f"the embedded nats-server {servers[0]} outlived its worker")
+    finally:
+        os.close(server)
