@@ -1,9 +1,11 @@
-"""Helpers shared by the NATS tests."""
+"""Helpers shared by the tests: the NATS tests' waits and comparisons, and the benchmarks'
+command lines."""
 
 import asyncio
 
 import nats
 import numpy as np
+import pytest
 
 
 async def poll_until(predicate, timeout: float = 20.0) -> None:
@@ -51,3 +53,12 @@ def close(got, want, atol=1e-5):
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     assert got.shape == want.shape, (got.shape, want.shape)
     assert np.abs(got - want).max() <= atol, np.abs(got - want).max()
+
+
+def usage_error(main, args: list[str], capsys) -> str:
+    """What a benchmark's `main` prints when its command line is refused: it must exit 2, as
+    argparse does."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err

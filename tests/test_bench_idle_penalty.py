@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import idle_penalty
+from tests.helpers import usage_error
 
 
 def test_table_shows_each_condition_against_back_to_back():
@@ -26,9 +27,7 @@ def test_table_shows_each_condition_against_back_to_back():
     (["--gap-ms", "0"], "--gap-ms must be above 0"),
 ])
 def test_bad_arguments_are_refused(args, message, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        idle_penalty.main(args)
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert message in usage_error(idle_penalty.main, args, capsys)
 
 
 @pytest.mark.timeout(300)

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from bench import service_cost as sc
+from tests.helpers import usage_error
 
 PID = 100
 
@@ -56,9 +57,7 @@ def test_table_shows_ratios_each_way_and_cpu_per_text():
     (["--scale", "0"], "--scale must be above 0"),
 ])
 def test_bad_arguments_name_the_value(args, message, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        sc.main(args)
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert message in usage_error(sc.main, args, capsys)
 
 
 @pytest.mark.timeout(300)

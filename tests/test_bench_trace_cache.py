@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bench import trace_cache
+from tests.helpers import usage_error
 
 
 @pytest.mark.timeout(300)
@@ -32,7 +33,5 @@ def test_a_tiny_run_reports_every_row_and_both_ratios(tmp_path, capsys):
 
 
 def test_sizes_below_one_are_refused(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        trace_cache.main(["--texts", "0"])
-    assert exit_.value.code == 2
-    assert "argument --texts: must be at least 1, got 0" in capsys.readouterr().err
+    assert ("argument --texts: must be at least 1, got 0"
+            in usage_error(trace_cache.main, ["--texts", "0"], capsys))
