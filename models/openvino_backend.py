@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,20 @@ TRACE_REVISION = 2
 # two threads, was the fastest (1.5x to 1.7x the one-thread runs). The event loop took 0.1 to 0.5 CPU s against 4.7 to 8.2 for
 # OpenVINO's threads in every run, so it never needed a core of its own: a thread per core.
 PERFORMANCE_HINT = "LATENCY"
+
+# A small batch runs on one thread. With a thread per core, every node of the graph is split
+# across the cores and joined again, and oneTBB's threads busy-wait between nodes and after the
+# pass (its worker_wait): on a batch computed in well under a millisecond, waking and joining
+# the other threads costs about what they save, and they spin the whole time, on cores the
+# event loop and the tokenizer need. So where the model is that fast, a one-thread twin of each
+# compiled pass takes the batches it computes alone in at most SMALL_BATCH_S, and the
+# all-cores pass the rest. Measured on the near-zero model of bench/service_cost.py (2-core AVX2
+# VM, the caller's CPU / the process's CPU per infer, median): one short text 276 / 619 us on
+# two threads, 214 / 228 us on one; 22 short texts 692 / 1,387 us against 787 / 797 us. A model
+# whose smallest batch takes longer than that (MiniLM: milliseconds) compiles no twin.
+SMALL_BATCH_S = 0.001
+# The calibration batches (rows, tokens): the twin's time is modelled as fixed + per token.
+CALIBRATION = ((2, 8), (8, 64))
 
 
 def forwards_for(model: LoadedModel) -> tuple[str, ...]:
@@ -155,6 +170,31 @@ class _Compiled:
     inputs: tuple[str, ...]  # the graph's inputs, in INPUTS order (unused ones are dropped)
 
 
+@dataclass(frozen=True)
+class _Twin:
+    """A pass compiled for one thread, with its measured cost: fixed_s + per_token_s x tokens."""
+
+    compiled: _Compiled
+    fixed_s: float
+    per_token_s: float
+
+    def seconds(self, tokens: int) -> float:
+        return self.fixed_s + self.per_token_s * tokens
+
+
+def one_thread_cost(timings: list[tuple[int, float]]) -> tuple[float, float]:
+    """(fixed seconds, seconds per token) through two (padded tokens, seconds) calibration
+    points; a per-token cost never below zero (a noisy bigger batch timed faster)."""
+    (small_tokens, small_s), (big_tokens, big_s) = timings
+    per_token = max(0.0, (big_s - small_s) / (big_tokens - small_tokens))
+    return max(0.0, small_s - per_token * small_tokens), per_token
+
+
+def takes_one_thread(twin: "_Twin | None", tokens: int, limit_s: float) -> bool:
+    """Whether a batch of `tokens` padded tokens runs on the one-thread twin."""
+    return twin is not None and twin.seconds(tokens) <= limit_s
+
+
 class OpenVinoUnavailable(RuntimeError):
     """This backend cannot serve this model here; the message says why, in one line."""
 
@@ -189,18 +229,41 @@ class OpenVinoBackend:
         self.converted: list[str] = []   # forward kinds traced in this start
         self.reused: list[str] = []      # read from the cache instead
         self._compiled: dict[str, _Compiled] = {}
+        self._twins: dict[str, _Twin] = {}  # one-thread passes for small batches
+        self.small_batch_s = SMALL_BATCH_S
         self._lock = threading.Lock()
         for forward in forwards_for(model):
             try:
                 graph = self._graph(ov, forward)
                 compiled = self.core.compile_model(graph, "CPU", config)
+                self._compiled[forward] = _request(compiled)
+                # Only where the cores were not chosen (--openvino-threads) and are several.
+                if threads is None and int(compiled.get_property("INFERENCE_NUM_THREADS")) > 1:
+                    self._twin(graph, forward, {**config, "INFERENCE_NUM_THREADS": 1})
             except Exception as exc:  # noqa: BLE001 - any converter failure means: not here
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise OpenVinoUnavailable(f"OpenVINO could not convert {model.architecture} "
                                           f"({forward}): {first[:300]}") from exc
-            names = {name for port in compiled.inputs for name in port.get_names()}
-            self._compiled[forward] = _Compiled(compiled.create_infer_request(),
-                                                tuple(n for n in INPUTS if n in names))
+
+    def _twin(self, graph, forward: str, config: dict) -> None:
+        """Compile and calibrate the one-thread twin of a pass whose smallest batch the
+        all-cores pass computes within SMALL_BATCH_S; a slower model gets none."""
+        small, big = (self._calibration_batch(rows, tokens) for rows, tokens in CALIBRATION)
+        if _best_seconds(self._compiled[forward], small) > self.small_batch_s:
+            return
+        twin = _request(self.core.compile_model(graph, "CPU", config))
+        fixed, per_token = one_thread_cost([(small[0].size, _best_seconds(twin, small)),
+                                            (big[0].size, _best_seconds(twin, big))])
+        self._twins[forward] = _Twin(twin, fixed, per_token)
+
+    def _calibration_batch(self, rows: int, tokens: int) -> tuple[np.ndarray, ...]:
+        """ids, mask and segment ids of `rows` full rows of `tokens` tokens (at most the
+        model's max_length), ids cycling through the vocabulary past its special tokens."""
+        tokens = max(2, min(tokens, self.model.max_length))
+        vocab = max(3, min(len(self.model.tokenizer),
+                           getattr(self.model.module.config, "vocab_size", 3)))
+        ids = (np.arange(rows * tokens, dtype=np.int64) % (vocab - 2) + 2).reshape(rows, tokens)
+        return ids, np.ones_like(ids), np.zeros_like(ids)
 
     def _graph(self, ov, forward: str):
         """The IR from the cache, or converted from the torch module (and saved)."""
@@ -241,23 +304,67 @@ class OpenVinoBackend:
         compiled = self._compiled.get(forward)
         if compiled is None:
             raise ValueError(f"{self.model.architecture} has no {forward} forward pass")
-        given = dict(zip(INPUTS, (ids, mask, types)))
-        request = compiled.request
-        with self._lock:  # one infer request: callers other than the forward thread wait
-            # The request's own API rather than infer(feed): its Python wrapper (a dispatch per
-            # input, a dict of outputs) cost about 40 us a call, a fifth of the near-zero
-            # model's whole forward pass (bench/service_cost.py). The tensors share the
-            # arrays' memory, which outlives the call.
-            for name in compiled.inputs:
-                request.set_tensor(name, self._ov.Tensor(given[name].numpy(), shared_memory=True))
-            request.infer()
-            # Copied out of the request's buffer, which the next batch overwrites.
-            out = request.get_output_tensor(0).data.copy()
+        twin = self._twins.get(forward)
+        if takes_one_thread(twin, ids.numel(), self.small_batch_s):
+            compiled = twin.compiled
+        with self._lock:  # one infer request each: callers other than the forward thread wait
+            out = _infer(compiled, (ids.numpy(), mask.numpy(), types.numpy()))
         return torch.from_numpy(out)
+
+    def run_each(self, forward: str, ids: torch.Tensor, mask: torch.Tensor,
+                 types: torch.Tensor) -> list[torch.Tensor]:
+        """The batch through every compiled pass of `forward` (the all-cores pass, then its
+        twin where it has one), whatever the batch's size: what the start-up check compares
+        with torch."""
+        passes = [self._compiled[forward]] + (
+            [self._twins[forward].compiled] if forward in self._twins else [])
+        arrays = (ids.numpy(), mask.numpy(), types.numpy())
+        with self._lock:
+            return [torch.from_numpy(_infer(c, arrays)) for c in passes]
+
+    @property
+    def twins(self) -> dict[str, float]:
+        """{forward kind: the most padded tokens its one-thread twin takes}."""
+        return {forward: max(0.0, (self.small_batch_s - twin.fixed_s) / twin.per_token_s)
+                if twin.per_token_s else float("inf") for forward, twin in self._twins.items()}
 
     def describe(self) -> str:
         how = ("converted " + ", ".join(self.converted) if self.converted else "") + (
             ("; " if self.converted and self.reused else "")
             + ("reused the cached " + ", ".join(self.reused) if self.reused else ""))
         where = f" ({how})" if how else ""
-        return f"backend openvino {self.version}{where}, {self.precision.describe()}"
+        small = "".join(f"; batches of up to {tokens:,.0f} tokens on one thread ({forward})"
+                        for forward, tokens in self.twins.items())
+        return f"backend openvino {self.version}{where}, {self.precision.describe()}{small}"
+
+
+def _request(compiled) -> _Compiled:
+    names = {name for port in compiled.inputs for name in port.get_names()}
+    return _Compiled(compiled.create_infer_request(), tuple(n for n in INPUTS if n in names))
+
+
+def _infer(compiled: _Compiled, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
+    """One batch through one infer request. The request's own API rather than infer(feed): its
+    Python wrapper (a dispatch per input, a dict of outputs) cost about 40 us a call, a fifth of
+    the near-zero model's whole forward pass (bench/service_cost.py). The tensors share the
+    arrays' memory, which outlives the call; the output is copied out of the request's
+    buffer, which the next batch overwrites."""
+    import openvino as ov
+
+    given = dict(zip(INPUTS, arrays))
+    request = compiled.request
+    for name in compiled.inputs:
+        request.set_tensor(name, ov.Tensor(given[name], shared_memory=True))
+    request.infer()
+    return request.get_output_tensor(0).data.copy()
+
+
+def _best_seconds(compiled: _Compiled, arrays: tuple[np.ndarray, ...], reps: int = 5) -> float:
+    """The fastest of `reps` timed runs, after one untimed run that warms the request."""
+    _infer(compiled, arrays)
+    best = float("inf")
+    for _ in range(reps):
+        started = time.perf_counter()
+        _infer(compiled, arrays)
+        best = min(best, time.perf_counter() - started)
+    return best

@@ -185,9 +185,15 @@ def fresh_model(small_model_dirs):
 
 @pytest.fixture(scope="module")
 def first_start(fresh_model, tmp_path_factory):
-    """One conversion into a state dir, shared by the tests below: (dir, the backend)."""
+    """One conversion into a state dir, shared by the tests below: (dir, the backend). Its
+    small-batch limit is raised so that the tiny model gets its one-thread twins however busy
+    the machine is (a start measures its own, and a loaded one may find the model slower)."""
+    from poolwire.models import openvino_backend
+
     cache = tmp_path_factory.mktemp("openvino-state")
-    return cache, build_backend("openvino", fresh_model(), "exact", "float32", cache)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(openvino_backend, "SMALL_BATCH_S", 10.0)
+        return cache, build_backend("openvino", fresh_model(), "exact", "float32", cache)
 
 
 def test_a_second_start_reuses_the_cached_conversion(first_start, fresh_model):
@@ -237,12 +243,22 @@ def test_a_model_openvino_cannot_convert_falls_back_to_torch(fresh_model, tmp_pa
         build_backend("openvino", fresh_model(), "exact", "float32", tmp_path)
 
 
+@pytest.mark.parametrize("which", [0, -1], ids=["all-cores pass", "one-thread twin"])
 def test_outputs_that_differ_from_torch_fall_back_to_torch(first_start, fresh_model,
-                                                            monkeypatch):
+                                                            monkeypatch, which):
+    from poolwire.models import openvino_backend
     from poolwire.models.openvino_backend import OpenVinoBackend
 
-    real = OpenVinoBackend.run
-    monkeypatch.setattr(OpenVinoBackend, "run", lambda self, *a: real(self, *a) + 0.01)
+    monkeypatch.setattr(openvino_backend, "SMALL_BATCH_S", 10.0)  # a twin however busy
+    real = OpenVinoBackend.run_each
+
+    def one_pass_off(self, *args):
+        outputs = real(self, *args)
+        assert len(outputs) == 2, "the check runs the all-cores pass and the twin"
+        outputs[which] = outputs[which] + 0.01
+        return outputs
+
+    monkeypatch.setattr(OpenVinoBackend, "run_each", one_pass_off)
     served = build_backend("auto", fresh_model(), "exact", "float32", first_start[0])
     assert served.name == "torch"
     assert "OpenVINO's seq_logits pass on the check batch: its outputs differ" in served.describe()
@@ -253,3 +269,42 @@ def test_without_openvino_auto_serves_torch(fresh_model, tmp_path, monkeypatch):
     served = build_backend("auto", fresh_model(), "exact", "float32", tmp_path)
     assert served.describe().startswith(
         "backend torch (auto chose torch: openvino is not installed")
+
+
+# ---- one thread for small batches ----
+
+def test_the_one_thread_cost_runs_through_the_two_calibration_points():
+    from poolwire.models.openvino_backend import one_thread_cost
+
+    fixed, per_token = one_thread_cost([(16, 0.0003), (512, 0.0008)])
+    assert per_token == pytest.approx(0.0005 / 496)
+    assert fixed == pytest.approx(0.0003 - 16 * per_token)
+    # A bigger batch timed faster (noise) costs nothing per token, never less than nothing.
+    assert one_thread_cost([(16, 0.0003), (512, 0.0002)]) == (0.0003, 0.0)
+
+
+def test_small_batches_take_the_twin_and_the_rest_all_cores():
+    from poolwire.models.openvino_backend import _Twin, takes_one_thread
+
+    twin = _Twin(compiled=None, fixed_s=0.0002, per_token_s=0.000002)  # 1 ms at 400 tokens
+    assert takes_one_thread(twin, 400, 0.001) and takes_one_thread(twin, 1, 0.001)
+    assert not takes_one_thread(twin, 401, 0.001)
+    assert not takes_one_thread(None, 1, 0.001), "no twin (a slow model): all cores always"
+
+
+def test_a_fast_model_gets_a_one_thread_twin_that_computes_what_all_cores_do(first_start):
+    _, backend = first_start
+    limits = backend.twins
+    assert set(limits) == {"seq_logits", "token_logits"} and all(t > 0 for t in limits.values())
+    assert "tokens on one thread (seq_logits)" in backend.describe()
+    ids = torch.tensor([[101, 7592, 2088, 102], [101, 2088, 102, 0]])
+    mask = (ids != 0).long()
+    for forward in ("seq_logits", "token_logits"):
+        every_core, one_thread = backend.run_each(forward, ids, mask, torch.zeros_like(ids))
+        assert torch.allclose(every_core, one_thread, atol=1e-6)
+        assert torch.equal(backend.run(forward, ids, mask, torch.zeros_like(ids)), one_thread)
+
+
+def test_threads_the_operator_chose_get_no_twin(fresh_model, tmp_path):
+    chosen = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path, threads=2)
+    assert chosen.twins == {} and "one thread" not in chosen.describe()
