@@ -254,7 +254,9 @@ def plan_task(task: Task, request: PoolingRequest, model: LoadedModel,
     plan = _plan_task(task, request, model, tokenizing, score_method, max_embed_len)
     if request.adapter is not None:
         plan = replace(plan, spec=replace(plan.spec, adapter=request.adapter))
-    if hybrid_weights is not None:
+    if hybrid_weights is not None and tuple(hybrid_weights) != plan.hybrid_weights:
+        # Compared first: the worker passes its weights for every request, and a copy of the
+        # plan per request was a visible part of the hot path (bench/service_cost.py).
         plan = replace(plan, hybrid_weights=tuple(hybrid_weights))
     return plan
 
