@@ -184,9 +184,12 @@ class _Twin:
 
 def one_thread_cost(timings: list[tuple[int, float]]) -> tuple[float, float]:
     """(fixed seconds, seconds per token) through two (padded tokens, seconds) calibration
-    points; a per-token cost never below zero (a noisy bigger batch timed faster)."""
+    points. Where the bigger batch timed no slower (noise), all of the small batch's time is
+    counted per token: the cost must grow with the batch, or every batch would take the twin."""
     (small_tokens, small_s), (big_tokens, big_s) = timings
-    per_token = max(0.0, (big_s - small_s) / (big_tokens - small_tokens))
+    if big_s <= small_s:
+        return 0.0, small_s / small_tokens
+    per_token = (big_s - small_s) / (big_tokens - small_tokens)
     return max(0.0, small_s - per_token * small_tokens), per_token
 
 
@@ -249,7 +252,8 @@ class OpenVinoBackend:
         """Compile and calibrate the one-thread twin of a pass whose smallest batch the
         all-cores pass computes within SMALL_BATCH_S; a slower model gets none."""
         small, big = (self._calibration_batch(rows, tokens) for rows, tokens in CALIBRATION)
-        if _best_seconds(self._compiled[forward], small) > self.small_batch_s:
+        if _best_seconds(self._compiled[forward], small, enough_s=self.small_batch_s) \
+                > self.small_batch_s:
             return
         twin = _request(self.core.compile_model(graph, "CPU", config))
         fixed, per_token = one_thread_cost([(small[0].size, _best_seconds(twin, small)),
@@ -326,7 +330,7 @@ class OpenVinoBackend:
     def twins(self) -> dict[str, float]:
         """{forward kind: the most padded tokens its one-thread twin takes}."""
         return {forward: max(0.0, (self.small_batch_s - twin.fixed_s) / twin.per_token_s)
-                if twin.per_token_s else float("inf") for forward, twin in self._twins.items()}
+                for forward, twin in self._twins.items()}
 
     def describe(self) -> str:
         how = ("converted " + ", ".join(self.converted) if self.converted else "") + (
@@ -359,12 +363,17 @@ def _infer(compiled: _Compiled, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
     return request.get_output_tensor(0).data.copy()
 
 
-def _best_seconds(compiled: _Compiled, arrays: tuple[np.ndarray, ...], reps: int = 5) -> float:
-    """The fastest of `reps` timed runs, after one untimed run that warms the request."""
+def _best_seconds(compiled: _Compiled, arrays: tuple[np.ndarray, ...], reps: int = 5,
+                  enough_s: float | None = None) -> float:
+    """The fastest of `reps` timed runs, after one untimed run that warms the request. With
+    `enough_s`, it stops as soon as the answer to "within enough_s?" is known: at a run within
+    it, or at one ten times over it (a big model pays one timed run at start, not five)."""
     _infer(compiled, arrays)
     best = float("inf")
     for _ in range(reps):
         started = time.perf_counter()
         _infer(compiled, arrays)
         best = min(best, time.perf_counter() - started)
+        if enough_s is not None and (best <= enough_s or best > 10 * enough_s):
+            break
     return best
