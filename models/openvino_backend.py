@@ -219,7 +219,6 @@ class OpenVinoBackend:
                                       f"{str(model.dtype).removeprefix('torch.')} cast them")
         self.model = model
         self.precision = precision
-        self._ov = ov
         self.version = ov.get_version().split("-")[0]
         self.core = ov.Core()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
