@@ -309,3 +309,18 @@ def test_a_fast_model_gets_a_one_thread_twin_that_computes_what_all_cores_do(fir
 def test_threads_the_operator_chose_get_no_twin(fresh_model, tmp_path):
     chosen = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path, threads=2)
     assert chosen.twins == {} and "one thread" not in chosen.describe()
+
+
+def test_the_start_up_timing_stops_once_it_knows_the_answer(monkeypatch):
+    from poolwire.models import openvino_backend
+
+    calls = []
+    monkeypatch.setattr(openvino_backend, "_infer", lambda compiled, arrays: calls.append(1))
+    openvino_backend._best_seconds(None, ())
+    assert len(calls) == 6, "one warm-up run and five timed ones"
+    calls.clear()
+    openvino_backend._best_seconds(None, (), enough_s=10.0)
+    assert len(calls) == 2, "the first timed run is within the limit: known"
+    calls.clear()
+    openvino_backend._best_seconds(None, (), enough_s=1e-12)
+    assert len(calls) == 2, "the first timed run is ten times over: known (a big model)"
