@@ -236,9 +236,10 @@ async def read_results(js) -> list[tuple[dict, dict]]:
         except ServiceUnavailableError:
             # Status 503 on the fetch: the results stream has no leader for a moment right
             # after the faults (a CI run met it once the soak had settled). Answered at once,
-            # so tried again after a pause, bounded on progress like a timeout.
+            # so the next fetch waits for the stream to answer its info (its leader's reply)
+            # instead; bounded on progress like a timeout.
             assert time.monotonic() - since < NO_PROGRESS_S, f"read {len(out)} of {count} results"
-            await asyncio.sleep(0.5)
+            await retried(lambda: js.stream_info(RESULTS), "the results stream's info")
             continue
         since = time.monotonic()
         for m in msgs:
