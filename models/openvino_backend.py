@@ -124,12 +124,18 @@ def _no_kv_cache(module: torch.nn.Module):
             config.use_cache = saved
 
 
+def _cycling_ids(model: LoadedModel, rows: int, tokens: int) -> np.ndarray:
+    """[rows, tokens] int64 ids cycling through the vocabulary past its first two ids (the
+    special tokens of most tokenizers), for batches made without a tokenizer call."""
+    vocab = max(3, min(len(model.tokenizer), getattr(model.module.config, "vocab_size", 3)))
+    return (np.arange(rows * tokens, dtype=np.int64) % (vocab - 2) + 2).reshape(rows, tokens)
+
+
 def _example(model: LoadedModel):
     """A right-padded batch of two rows of different lengths, so the traced graph keeps the
     padding paths (a constant all-ones mask could be folded away)."""
-    vocab = max(3, min(len(model.tokenizer), getattr(model.module.config, "vocab_size", 3)))
     length = max(2, min(8, model.max_length))
-    ids = (torch.arange(2 * length, dtype=torch.long) % (vocab - 2) + 2).view(2, length)
+    ids = torch.from_numpy(_cycling_ids(model, 2, length))
     mask = torch.ones_like(ids)
     mask[1, length // 2:] = 0
     return ids, mask, torch.zeros_like(ids)
@@ -168,6 +174,7 @@ def cache_key(model: LoadedModel, forward: str, ov_version: str) -> str:
 class _Compiled:
     request: object          # the one infer request (one stream; the engine's one thread)
     inputs: tuple[str, ...]  # the graph's inputs, in INPUTS order (unused ones are dropped)
+    tensor: type             # openvino.Tensor, looked up once rather than per batch
 
 
 @dataclass(frozen=True)
@@ -262,10 +269,7 @@ class OpenVinoBackend:
     def _calibration_batch(self, rows: int, tokens: int) -> tuple[np.ndarray, ...]:
         """ids, mask and segment ids of `rows` full rows of `tokens` tokens (at most the
         model's max_length), ids cycling through the vocabulary past its special tokens."""
-        tokens = max(2, min(tokens, self.model.max_length))
-        vocab = max(3, min(len(self.model.tokenizer),
-                           getattr(self.model.module.config, "vocab_size", 3)))
-        ids = (np.arange(rows * tokens, dtype=np.int64) % (vocab - 2) + 2).reshape(rows, tokens)
+        ids = _cycling_ids(self.model, rows, max(2, min(tokens, self.model.max_length)))
         return ids, np.ones_like(ids), np.zeros_like(ids)
 
     def _graph(self, ov, forward: str):
@@ -342,8 +346,11 @@ class OpenVinoBackend:
 
 
 def _request(compiled) -> _Compiled:
+    import openvino as ov
+
     names = {name for port in compiled.inputs for name in port.get_names()}
-    return _Compiled(compiled.create_infer_request(), tuple(n for n in INPUTS if n in names))
+    return _Compiled(compiled.create_infer_request(), tuple(n for n in INPUTS if n in names),
+                     ov.Tensor)
 
 
 def _infer(compiled: _Compiled, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -352,12 +359,10 @@ def _infer(compiled: _Compiled, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
     the near-zero model's whole forward pass (bench/service_cost.py). The tensors share the
     arrays' memory, which outlives the call; the output is copied out of the request's
     buffer, which the next batch overwrites."""
-    import openvino as ov
-
     given = dict(zip(INPUTS, arrays))
     request = compiled.request
     for name in compiled.inputs:
-        request.set_tensor(name, ov.Tensor(given[name], shared_memory=True))
+        request.set_tensor(name, compiled.tensor(given[name], shared_memory=True))
     request.infer()
     return request.get_output_tensor(0).data.copy()
 
