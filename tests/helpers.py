@@ -2,6 +2,8 @@
 command lines."""
 
 import asyncio
+from pathlib import Path
+from typing import NamedTuple
 
 import nats
 import numpy as np
@@ -62,3 +64,28 @@ def usage_error(main, args: list[str], capsys) -> str:
         main(args)
     assert exit_.value.code == 2
     return capsys.readouterr().err
+
+
+class Process(NamedTuple):
+    pid: int
+    state: str  # R, S, Z, ...
+    ppid: int
+    sid: int
+    cmdline: str
+
+
+def processes() -> list[Process]:
+    """Every process in /proc now (one that exits meanwhile is left out)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        # Fields after the command name, which may itself hold spaces or parentheses.
+        fields = stat[stat.rindex(")") + 2:].split()
+        out.append(Process(int(entry.name), fields[0], int(fields[1]), int(fields[3]), cmdline))
+    return out

@@ -4,12 +4,11 @@ every condition and leaves none of its spinning processes behind. Never asserts 
 import math
 import os
 import re
-from pathlib import Path
 
 import pytest
 
 from bench import idle_penalty
-from tests.helpers import usage_error
+from tests.helpers import processes, usage_error
 
 
 def test_table_shows_each_condition_against_back_to_back():
@@ -49,14 +48,4 @@ def test_a_tiny_run_measures_every_piece_and_stops_its_spinners(capsys):
 
 def _children() -> set[int]:
     """This process's live children (a reaped spinner is gone from /proc)."""
-    me = str(os.getpid())
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path("/proc", entry, "stat").read_text()
-            except OSError:
-                continue
-            if stat[stat.rindex(")") + 2:].split()[1] == me:
-                found.add(int(entry))
-    return found
+    return {p.pid for p in processes() if p.ppid == os.getpid()}

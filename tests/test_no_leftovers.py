@@ -9,17 +9,16 @@ command line. Each converts the model itself (a state dir of its own), as OpenVI
 is where telemetry started its child. A Python audit hook, inherited by anything it forks,
 records every name lookup."""
 
-import json
 import os
 import select
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from poolwire.models.model import bundled_model_dir
+from tests.helpers import processes
 from tests.procs import worker_env
 from tests.model_zoo import _bert
 
@@ -47,22 +46,6 @@ sys.exit(main())
 """
 
 WAVE = 5  # workers at once: the machine's memory and cores, not the check, set this
-
-
-def _sessions_and_cmdlines():
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile
-        # Fields after the command name, which may itself hold spaces or parentheses.
-        fields = stat[stat.rindex(")") + 2:].split()
-        out.append((int(entry.name), int(fields[3]), fields[0], cmdline))  # pid, sid, state
-    return out
 
 
 def _start(args, env, cwd):
@@ -132,8 +115,8 @@ def test_openvino_workers_leave_nothing_behind(nats_server, tiny_encoder, tmp_pa
             if kind == "embedded":
                 assert "started an embedded nats-server" in log, log
             stopped.append((proc.pid, state))
-    left = [(pid, sid, st, cmd) for pid, sid, st, cmd in _sessions_and_cmdlines()
-            if any(sid == worker or str(state) in cmd for worker, state in stopped)]
+    left = [p for p in processes()
+            if any(p.sid == worker or str(state) in p.cmdline for worker, state in stopped)]
     assert left == [], left
     written = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     assert written == [], written  # ~/intel/openvino_telemetry and its client id among them
@@ -151,8 +134,8 @@ def test_a_killed_worker_takes_its_embedded_nats_server_with_it(tiny_encoder, tm
     lines = []
     _wait_for_line(proc, b"poolwire: serving", lines)
     assert b"started an embedded nats-server" in b"".join(lines)
-    servers = [pid for pid, _sid, _st, cmd in _sessions_and_cmdlines()
-               if "nats-server" in cmd and str(state) in cmd]
+    servers = [p.pid for p in processes()
+               if "nats-server" in p.cmdline and str(state) in p.cmdline]
     assert len(servers) == 1, servers
     # A pidfd, opened while the server runs, is readable once that process exits: the test
     # waits on the exit itself (never on a PID the kernel may reuse), not on polls of /proc.
