@@ -1,10 +1,11 @@
-"""The one place that decides, per call, whether a pooling op runs as Triton or as the reference.
+"""The one place that decides, per call, which implementation of a pooling op runs.
 
-CUDA tensors run the Triton kernels. CPU tensors run the PyTorch references, unless the
-process imported this package with TRITON_INTERPRET=1: then the kernels were decorated for the
-Triton interpreter and CPU tensors run them, which is how tests check kernels without a GPU.
-Where Triton is not installed (it has wheels for Linux only) every tensor runs the references,
-which are plain PyTorch and correct on any device.
+CUDA tensors run the Triton kernels. CPU tensors run the NumPy ops (`numpy_ops`: few
+whole-batch ops, which keep their speed beside a busy event loop where torch's small ops do
+not), unless the process imported this package with TRITON_INTERPRET=1: then the kernels were
+decorated for the Triton interpreter and CPU tensors run them, which is how tests check kernels
+without a GPU. Tensors on any other device (or CUDA where Triton is not installed: it has wheels
+for Linux only) run the PyTorch references, which are correct on any device.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from .numpy_ops import activation_numpy, seq_pool_numpy, token_pool_numpy
 from .reference import activation_reference, seq_pool_reference, token_pool_reference
 
 try:
@@ -27,23 +29,43 @@ except ImportError as exc:
         raise  # a broken install of ours, not a missing optional dependency
     TRITON_AVAILABLE = False
 
-Backend = Literal["triton", "reference"]
+Backend = Literal["triton", "numpy", "reference"]
 
 
 def backend_for(tensor: torch.Tensor) -> Backend:
     """Which implementation the ops below use for a tensor on this device."""
     if TRITON_AVAILABLE and (tensor.is_cuda or _launch.INTERPRETED):
         return "triton"
+    if tensor.device.type == "cpu":
+        return "numpy"
     return "reference"
+
+
+_NAMES = {"numpy": "NumPy", "reference": "PyTorch references"}
 
 
 def describe_backend(device: torch.device | str) -> str:
     """One line for a worker's start-up: which pooling implementation runs on `device`."""
-    if not TRITON_AVAILABLE:
-        return "PyTorch references (Triton is not installed)"
-    if backend_for(torch.empty(0, device=device)) == "triton":
+    backend = backend_for(torch.empty(0, device=device))
+    if backend == "triton":
         return "Triton" + (" (interpreter)" if _launch.INTERPRETED else "")
-    return "PyTorch references (Triton kernels run on CUDA devices)"
+    why = "Triton is not installed" if not TRITON_AVAILABLE else "Triton kernels run on CUDA devices"
+    return f"{_NAMES[backend]} ({why})"
+
+
+_OPS = {
+    "seq_pool": {"triton": "seq_pool_triton", "numpy": "seq_pool_numpy",
+                 "reference": "seq_pool_reference"},
+    "token_pool": {"triton": "token_pool_triton", "numpy": "token_pool_numpy",
+                   "reference": "token_pool_reference"},
+    "activation": {"triton": "activation_triton", "numpy": "activation_numpy",
+                   "reference": "activation_reference"},
+}
+
+
+def _op(name: str, tensor: torch.Tensor):
+    # Looked up in this module's globals per call, so tests can swap one implementation.
+    return globals()[_OPS[name][backend_for(tensor)]]
 
 
 def seq_pool(
@@ -58,8 +80,8 @@ def seq_pool(
 
     Keeps the first ``dimensions`` features (Matryoshka), then L2-normalises them if asked.
     """
-    op = seq_pool_triton if backend_for(hidden) == "triton" else seq_pool_reference
-    return op(hidden, lengths, method, normalize=normalize, dimensions=dimensions)
+    return _op("seq_pool", hidden)(hidden, lengths, method, normalize=normalize,
+                                   dimensions=dimensions)
 
 
 def token_pool(
@@ -70,11 +92,9 @@ def token_pool(
     dimensions: int | None = None,
 ) -> torch.Tensor:
     """[B, T, H] padded hidden states -> packed [sum(lengths), D] float32 rows of real tokens."""
-    op = token_pool_triton if backend_for(hidden) == "triton" else token_pool_reference
-    return op(hidden, lengths, normalize=normalize, dimensions=dimensions)
+    return _op("token_pool", hidden)(hidden, lengths, normalize=normalize, dimensions=dimensions)
 
 
 def activation(logits: torch.Tensor, kind: str) -> torch.Tensor:
     """[N, C] logits -> [N, C] float32 scores: "softmax", "sigmoid" or "none", row-wise."""
-    op = activation_triton if backend_for(logits) == "triton" else activation_reference
-    return op(logits, kind)
+    return _op("activation", logits)(logits, kind)

@@ -20,7 +20,7 @@ def worker_env() -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS="1")  # two workers share this machine's cores
     # The tests run the Triton kernels in the interpreter; a worker runs as deployed (the
-    # PyTorch reference on CPU), which is also what lets two of them compute at once.
+    # NumPy ops on CPU), which is also what lets two of them compute at once.
     env.pop("TRITON_INTERPRET", None)
     return env
 

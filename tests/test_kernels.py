@@ -1,6 +1,7 @@
 """Every pooling kernel against its PyTorch reference, on CPU through the Triton interpreter and,
-where a GPU is present, compiled on CUDA (marked `gpu`); plus small hand-computed cases and the
-dispatch between the two backends."""
+where a GPU is present, compiled on CUDA (marked `gpu`); the NumPy ops that CPU workers run
+against the same reference; small hand-computed cases on both CPU sides; and the dispatch
+between the implementations."""
 
 import os
 
@@ -19,12 +20,15 @@ from poolwire import kernels  # noqa: E402
 from poolwire.kernels import (  # noqa: E402
     _launch,
     activation_kernel,
+    activation_numpy,
     activation_reference,
     activation_triton,
     dispatch,
     seq_pool_kernel,
+    seq_pool_numpy,
     seq_pool_reference,
     seq_pool_triton,
+    token_pool_numpy,
     token_pool_reference,
     token_pool_triton,
 )
@@ -114,10 +118,13 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol
         )
 
 
-def ragged(batch: int, tokens: int, hidden: int, dtype: torch.dtype, device: str = "cpu"):
+def ragged(batch: int, tokens: int, hidden: int, dtype: torch.dtype, device: str = "cpu",
+           padding: float = float("nan")):
     """Padded hidden states with ragged lengths that include a full row and a one-token row.
 
-    Padding holds nan: a kernel that reads past a sequence's length poisons its result.
+    Padding holds nan by default: a kernel that reads past a sequence's length poisons its
+    result. A large finite `padding` catches a kernel that weighs padding in where nan would
+    send it down its guarded path (numpy_ops' mean).
     """
     lengths = torch.randint(1, tokens + 1, (batch,))
     lengths[0] = tokens
@@ -125,7 +132,7 @@ def ragged(batch: int, tokens: int, hidden: int, dtype: torch.dtype, device: str
         lengths[-1] = 1
     x = torch.randn(batch, tokens, hidden, dtype=torch.float32)
     pad = torch.arange(tokens)[None, :] >= lengths[:, None]
-    x[pad] = float("nan")
+    x[pad] = padding
     return x.to(dtype).to(device), lengths.to(device)
 
 
@@ -159,6 +166,78 @@ def test_activation_matches_reference(device, dtype, atol, rtol, shape, kind):
     logits = (torch.randn(shape) * 20).to(dtype).to(device)  # wide spread: sigmoid tails, peaked softmax
     got = activation_triton(logits, kind)
     assert_close(got, activation_reference(logits.cpu(), kind), atol, rtol)
+
+
+# The NumPy ops (what CPU workers run) against the same reference, over the whole CPU grid, with
+# padding that is nan and padding that is a large finite number.
+PADDINGS = pytest.mark.parametrize("padding", [float("nan"), 1e4], ids=["nan-pad", "big-pad"])
+NUMPY_TOLERANCES = pytest.mark.parametrize("dtype, atol, rtol", TOLERANCES, ids=_id)
+
+
+@PADDINGS
+@NUMPY_TOLERANCES
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("head", HEADS, ids=str)
+def test_seq_pool_numpy_matches_reference(dtype, atol, rtol, shape, method, head, padding):
+    normalize, fraction = head
+    hidden, lengths = ragged(*shape, dtype, padding=padding)
+    dims = kept(shape[2], fraction)
+    got = seq_pool_numpy(hidden, lengths, method, normalize=normalize, dimensions=dims)
+    want = seq_pool_reference(hidden, lengths, method, normalize=normalize, dimensions=dims)
+    assert_close(got, want, atol, rtol)
+
+
+@PADDINGS
+@NUMPY_TOLERANCES
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("head", HEADS, ids=str)
+def test_token_pool_numpy_matches_reference(dtype, atol, rtol, shape, head, padding):
+    normalize, fraction = head
+    hidden, lengths = ragged(*shape, dtype, padding=padding)
+    dims = kept(shape[2], fraction)
+    got = token_pool_numpy(hidden, lengths, normalize=normalize, dimensions=dims)
+    assert_close(got, token_pool_reference(hidden, lengths, normalize=normalize, dimensions=dims),
+                 atol, rtol)
+
+
+@NUMPY_TOLERANCES
+@pytest.mark.parametrize("shape", ACTIVATION_SHAPES, ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_activation_numpy_matches_reference(dtype, atol, rtol, shape, kind):
+    logits = (torch.randn(shape) * 20).to(dtype)
+    assert_close(activation_numpy(logits, kind), activation_reference(logits, kind), atol, rtol)
+
+
+def test_numpy_mean_keeps_a_real_tokens_nan_and_drops_paddings():
+    # A real token's nan or inf is the sequence's result, as in the reference; padding's never.
+    hidden = torch.zeros(3, 3, 2)
+    hidden[0, 1, 0] = float("nan")  # real
+    hidden[1, 0, 1] = float("inf")  # real
+    hidden[2, 2] = float("-inf")    # padding
+    lengths = torch.tensor([3, 2, 2])
+    got = seq_pool_numpy(hidden, lengths, "mean")
+    want = seq_pool_reference(hidden, lengths, "mean")
+    assert_close(got, want, 0, 0)
+    assert math.isnan(got[0, 0]) and got[1, 1] == math.inf and got[2].tolist() == [0.0, 0.0]
+
+
+def test_numpy_ops_take_views_grad_tensors_and_return_fresh_arrays():
+    store = torch.randn(40, 6, 400)
+    hidden = store.transpose(0, 1)[..., :384]  # [B, T, H], non-contiguous
+    lengths = torch.tensor([40, 1, 7, 33, 12, 40, 99], dtype=torch.int32)[:6]
+    for method in METHODS:
+        want = seq_pool_reference(hidden, lengths, method, normalize=True)
+        assert_close(seq_pool_numpy(hidden, lengths, method, normalize=True), want, 1e-5, 1e-5)
+    assert_close(token_pool_numpy(hidden, lengths), token_pool_reference(hidden, lengths), 1e-6, 1e-6)
+    weights = torch.randn(2, 5, 8, requires_grad=True)  # a torch backend's output outside no_grad
+    got = seq_pool_numpy(weights, torch.tensor([5, 2]), "cls")
+    assert not got.requires_grad and got.tolist() == weights[:, 0].tolist()
+    got[0, 0] = 123.0
+    assert weights[0, 0, 0] != 123.0  # never an alias of the caller's tensor
+    logits = torch.randn(7, 33).t()
+    for kind in KINDS:
+        assert_close(activation_numpy(logits, kind), activation_reference(logits, kind), 1e-6, 1e-6)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -214,10 +293,20 @@ def test_activation_class_loop(device, kind, monkeypatch):
     assert_close(activation_triton(logits, kind), activation_reference(logits.cpu(), kind), 1e-5, 1e-5)
 
 
-# Small hand-computed cases, run through the public dispatch (Triton under the interpreter).
+# Small hand-computed cases, run through the public dispatch on both CPU sides: Triton under the
+# interpreter, and the NumPy ops a CPU worker runs.
 
 
-def test_one_token_is_its_own_pool():
+@pytest.fixture(params=["triton", "numpy"])
+def cpu_side(request, monkeypatch):
+    if request.param == "triton" and not _launch.INTERPRETED:
+        pytest.skip("CPU runs Triton only with TRITON_INTERPRET=1 set before importing kernels")
+    monkeypatch.setattr(_launch, "INTERPRETED", request.param == "triton")
+    assert kernels.backend_for(torch.zeros(1)) == request.param
+    return request.param
+
+
+def test_one_token_is_its_own_pool(cpu_side):
     hidden = torch.tensor([[[1.0, -2.0, 3.0]]])
     lengths = torch.tensor([1])
     for method in ("cls", "mean", "last"):
@@ -225,7 +314,7 @@ def test_one_token_is_its_own_pool():
     assert kernels.token_pool(hidden, lengths).tolist() == [[1.0, -2.0, 3.0]]
 
 
-def test_known_means_and_positions():
+def test_known_means_and_positions(cpu_side):
     hidden = torch.tensor(
         [
             [[1.0, 10.0], [3.0, 20.0], [99.0, 99.0]],  # 2 real tokens, then padding
@@ -239,7 +328,7 @@ def test_known_means_and_positions():
     assert kernels.seq_pool(hidden, lengths, "last").tolist() == [[3.0, 20.0], [6.0, 6.0]]
 
 
-def test_truncate_then_normalize():
+def test_truncate_then_normalize(cpu_side):
     hidden = torch.tensor([[[3.0, 4.0, 12.0]]])
     lengths = torch.tensor([1])
     # Matryoshka keeps [3, 4] first, then normalises it: [0.6, 0.8], not [3/13, 4/13].
@@ -253,14 +342,14 @@ def test_truncate_then_normalize():
     assert kernels.seq_pool(hidden, lengths, "cls", dimensions=np.int64(2)).tolist() == [[3.0, 4.0]]
 
 
-def test_zero_vector_normalizes_to_zero():
+def test_zero_vector_normalizes_to_zero(cpu_side):
     hidden = torch.zeros(2, 3, 5)
     lengths = torch.tensor([3, 1])
     assert kernels.seq_pool(hidden, lengths, "mean", normalize=True).tolist() == [[0.0] * 5] * 2
     assert kernels.token_pool(hidden, lengths, normalize=True).tolist() == [[0.0] * 5] * 4
 
 
-def test_fp16_input_accumulates_in_fp32():
+def test_fp16_input_accumulates_in_fp32(cpu_side):
     # An fp16 running sum of ones stops at 2048 (2048 + 1 rounds back to 2048); fp32 does not.
     hidden = torch.ones(1, 3000, 8, dtype=torch.float16)
     lengths = torch.tensor([3000])
@@ -269,12 +358,12 @@ def test_fp16_input_accumulates_in_fp32():
     assert got.tolist() == [[1.0] * 8]
 
 
-def test_bf16_values_upcast_exactly():
+def test_bf16_values_upcast_exactly(cpu_side):
     hidden = torch.tensor([[[1.0078125, -3.5]]], dtype=torch.bfloat16)  # exact in bf16
     assert kernels.seq_pool(hidden, torch.tensor([1]), "last").tolist() == [[1.0078125, -3.5]]
 
 
-def test_token_pool_packs_in_sequence_order():
+def test_token_pool_packs_in_sequence_order(cpu_side):
     # Each feature encodes (sequence, token) so the packed order can be read back.
     batch, tokens = 3, 4
     hidden = torch.tensor([[[10.0 * b + t, -(10.0 * b + t)] for t in range(tokens)] for b in range(batch)])
@@ -284,14 +373,14 @@ def test_token_pool_packs_in_sequence_order():
     assert got.tolist() == [[c, -c] for c in codes]
 
 
-def test_softmax_known_values():
+def test_softmax_known_values(cpu_side):
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
     e = [math.exp(v) for v in (1.0, 2.0, 3.0)]
     want = torch.tensor([[v / sum(e) for v in e], [1 / 3] * 3])
     assert_close(kernels.activation(logits, "softmax"), want, 1e-7, 1e-6)
 
 
-def test_softmax_large_logits_do_not_overflow():
+def test_softmax_large_logits_do_not_overflow(cpu_side):
     logits = torch.tensor([[1000.0, 0.0, -1000.0], [1000.0, 1000.0, 1000.0], [-1000.0, -1000.0, 1000.0]])
     got = kernels.activation(logits, "softmax")
     assert torch.isfinite(got).all()
@@ -301,13 +390,13 @@ def test_softmax_large_logits_do_not_overflow():
     assert half.tolist() == [[0.5, 0.5]]
 
 
-def test_sigmoid_known_values_and_tails():
+def test_sigmoid_known_values_and_tails(cpu_side):
     logits = torch.tensor([[0.0, 1000.0, -1000.0, math.log(3.0)]])
     got = kernels.activation(logits, "sigmoid")
     assert_close(got, torch.tensor([[0.5, 1.0, 0.0, 0.75]]), 1e-7, 1e-6)
 
 
-def test_none_is_a_float32_copy():
+def test_none_is_a_float32_copy(cpu_side):
     logits = torch.tensor([[1.5, -2.0]], dtype=torch.float16)
     got = kernels.activation(logits, "none")
     assert got.dtype == torch.float32 and got.tolist() == [[1.5, -2.0]]
@@ -338,12 +427,16 @@ POOL_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["triton", "reference"])
+POOL_OPS = {"triton": (seq_pool_triton, token_pool_triton),
+            "numpy": (seq_pool_numpy, token_pool_numpy),
+            "reference": (seq_pool_reference, token_pool_reference)}
+
+
+@pytest.mark.parametrize("backend", list(POOL_OPS))
 @pytest.mark.parametrize("change, message", POOL_ERRORS, ids=lambda v: str(v)[:40])
 def test_pool_errors_name_the_value(backend, change, message):
     args = {"hidden": GOOD_HIDDEN, "lengths": GOOD_LENGTHS, "dimensions": None, **change}
-    seq = seq_pool_triton if backend == "triton" else seq_pool_reference
-    tok = token_pool_triton if backend == "triton" else token_pool_reference
+    seq, tok = POOL_OPS[backend]
     with pytest.raises(ValueError) as err:
         seq(args["hidden"], args["lengths"], "mean", dimensions=args["dimensions"])
     assert message in str(err.value)
@@ -352,7 +445,7 @@ def test_pool_errors_name_the_value(backend, change, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("op", [seq_pool_triton, seq_pool_reference])
+@pytest.mark.parametrize("op", [seq_pool_triton, seq_pool_numpy, seq_pool_reference])
 def test_unknown_method(op):
     with pytest.raises(ValueError, match="'max'"):
         op(GOOD_HIDDEN, GOOD_LENGTHS, "max")
@@ -367,7 +460,7 @@ ACTIVATION_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("op", [activation_triton, activation_reference])
+@pytest.mark.parametrize("op", [activation_triton, activation_numpy, activation_reference])
 @pytest.mark.parametrize("logits, kind, message", ACTIVATION_ERRORS)
 def test_activation_errors_name_the_value(op, logits, kind, message):
     with pytest.raises(ValueError) as err:
@@ -380,28 +473,37 @@ def test_activation_errors_name_the_value(op, logits, kind, message):
 
 def test_cpu_routes_to_triton_under_the_interpreter(monkeypatch):
     calls = []
-    monkeypatch.setattr(dispatch, "seq_pool_triton", lambda *a, **k: calls.append("triton"))
-    monkeypatch.setattr(dispatch, "seq_pool_reference", lambda *a, **k: calls.append("reference"))
+    for side in ("triton", "numpy", "reference"):
+        monkeypatch.setattr(dispatch, f"seq_pool_{side}", lambda *a, _s=side, **k: calls.append(_s))
     monkeypatch.setattr(_launch, "INTERPRETED", True)
     assert kernels.backend_for(GOOD_HIDDEN) == "triton"
     kernels.seq_pool(GOOD_HIDDEN, GOOD_LENGTHS, "mean")
     monkeypatch.setattr(_launch, "INTERPRETED", False)
-    assert kernels.backend_for(GOOD_HIDDEN) == "reference"
+    assert kernels.backend_for(GOOD_HIDDEN) == "numpy"
     kernels.seq_pool(GOOD_HIDDEN, GOOD_LENGTHS, "mean")
-    assert calls == ["triton", "reference"]
+    assert calls == ["triton", "numpy"]
+    assert kernels.describe_backend("cpu") == "NumPy (Triton kernels run on CUDA devices)"
+
+
+def test_other_devices_run_the_references(monkeypatch):
+    monkeypatch.setattr(_launch, "INTERPRETED", False)
+    assert kernels.backend_for(torch.empty(2, 3, device="meta")) == "reference"
+    assert kernels.describe_backend("meta") == "PyTorch references (Triton kernels run on CUDA devices)"
+    monkeypatch.setattr(dispatch, "TRITON_AVAILABLE", False)
+    assert kernels.describe_backend("cpu") == "NumPy (Triton is not installed)"
 
 
 @pytest.mark.parametrize("interpreted", [True, False])
 def test_every_op_routes_by_backend(interpreted, monkeypatch):
     calls = []
     for name in ("seq_pool", "token_pool", "activation"):
-        for side in ("triton", "reference"):
+        for side in ("triton", "numpy", "reference"):
             monkeypatch.setattr(dispatch, f"{name}_{side}", lambda *a, _s=side, **k: calls.append(_s))
     monkeypatch.setattr(_launch, "INTERPRETED", interpreted)
     kernels.seq_pool(GOOD_HIDDEN, GOOD_LENGTHS, "cls", normalize=True, dimensions=4)
     kernels.token_pool(GOOD_HIDDEN, GOOD_LENGTHS)
     kernels.activation(torch.zeros(2, 3), "softmax")
-    assert calls == ["triton" if interpreted else "reference"] * 3
+    assert calls == ["triton" if interpreted else "numpy"] * 3
 
 
 @pytest.mark.gpu

@@ -89,7 +89,7 @@ async def test_a_worker_without_triton_or_openvino_serves_the_same_embeddings(
     finally:
         proc.terminate()
         output = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
-    assert "pooling kernels: PyTorch references (Triton is not installed)" in output
+    assert "pooling kernels: NumPy (Triton is not installed)" in output
     assert "poolwire: backend torch (auto chose torch: openvino is not installed" in output
 
     import torch
