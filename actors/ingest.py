@@ -5,6 +5,7 @@ every request and no batch would ever form."""
 
 import logging
 import os
+import random
 import time
 
 from poolwire.actors.messages import Incoming
@@ -21,9 +22,16 @@ from poolwire.schemas.tasks import parse_task
 log = logging.getLogger(__name__)
 
 
+# Request ids name requests, they guard nothing: a generator seeded once from the OS, instead of
+# os.urandom per request, which releases the GIL for its system call and so, beside a forward
+# thread running Python, waited up to a switch interval to get it back (55 us a call against
+# 1 us measured beside a busy thread, 2026-12-03).
+_ids = random.Random(os.urandom(32))
+
+
 def new_request_id() -> str:
-    # 32 random hex digits, as uuid4().hex gives, without building a UUID object per request.
-    return os.urandom(16).hex()
+    """32 random hex digits, as uuid4().hex gives."""
+    return f"{_ids.getrandbits(128):032x}"
 
 
 class IngestActor(Actor):

@@ -9,15 +9,21 @@ The pieces are service_cost's near-zero model loaded as `poolwire serve` loads i
 `auto`: OpenVINO where installed, with its default threads) and the engine's own calls:
 - the Rust tokenizer on one short text, as the engine encodes a lone request;
 - `run_batch` on one short text: padding, the backend's forward pass, pooling;
-- `run_batch` on 22 short texts: the batch size seen at 64 requests in flight.
+- `run_batch` on 22 short texts: the batch size seen at 64 requests in flight;
+- mean pooling of those 22 texts' hidden states, with the PyTorch reference and with the NumPy
+  op the forward thread runs on CPU (`kernels/numpy_ops.py`).
 
-Each runs `--calls` times in three conditions, and the median CPU of the calling thread per call
+Each runs `--calls` times in four conditions, and the median CPU of the calling thread per call
 is printed, with its ratio to the warm figure:
 - **back to back**: warm caches, a busy core;
 - **after an idle gap**: a `--gap-ms` sleep before each call, as one request at a time leaves
   the worker idle between requests (on a VM the core may be given to other work meanwhile);
 - **beside busy cores**: one spinning process per core, stopped by PID afterwards, as the
-  client and nats-server keep the cores busy at 64 requests in flight.
+  client and nats-server keep the cores busy at 64 requests in flight;
+- **beside a busy event loop**: a thread of this process running Python without a pause, at
+  the worker's GIL switch interval, as the event loop does beside the forward thread under
+  load. Here the median wall time per call is printed with its ratio to the warm wall time: a
+  call that releases the GIL waits to take it back, which costs time, not CPU.
 
 The process's CPU per call (every thread's, so a backend thread that spins while the caller
 sleeps is counted) is printed beside it. Numbers to compare on one machine, never assertions.
@@ -31,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -48,21 +55,47 @@ BATCH = 22  # the mean batch at 64 requests in flight, one text each (bench/serv
 SPIN = "while True: pass"
 
 
-def timed(call, calls: int, gap_s: float) -> tuple[float, float]:
-    """Median CPU seconds of this thread per call, and the process's CPU per call."""
+def timed(call, calls: int, gap_s: float) -> tuple[float, float, float]:
+    """Median CPU seconds of this thread per call, the process's CPU per call, and the median
+    wall seconds per call."""
     for _ in range(max(3, calls // 10)):  # warm up in the same condition
         call()
         if gap_s:
             time.sleep(gap_s)
-    own = []
+    own, wall = [], []
     process_before = time.process_time()
     for _ in range(calls):
         if gap_s:
             time.sleep(gap_s)
-        started = time.thread_time()
+        started, started_wall = time.thread_time(), time.perf_counter()
         call()
         own.append(time.thread_time() - started)
-    return statistics.median(own), (time.process_time() - process_before) / calls
+        wall.append(time.perf_counter() - started_wall)
+    return (statistics.median(own), (time.process_time() - process_before) / calls,
+            statistics.median(wall))
+
+
+def beside_busy_loop(call, calls: int) -> tuple[float, float, float]:
+    """`timed` while another thread of this process runs Python without a pause, at the
+    worker's switch interval (actors/worker.py), as the event loop does under load."""
+    from poolwire.actors.worker import SWITCH_INTERVAL_S
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    spinner = threading.Thread(target=spin, name="busy-loop", daemon=True)
+    spinner.start()
+    try:
+        return timed(call, calls, 0.0)
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(previous)
 
 
 def spinners(cores: int) -> list[subprocess.Popen]:
@@ -71,8 +104,9 @@ def spinners(cores: int) -> list[subprocess.Popen]:
 
 def pieces(folder: Path):
     """(name, call) for each piece of work, on the model as the worker loads it."""
+    from poolwire.kernels import seq_pool_numpy, seq_pool_reference
     from poolwire.models.backend_choice import build_backend
-    from poolwire.models.forward import run_batch
+    from poolwire.models.forward import pad_batch, run_batch
     from poolwire.models.model import load_model
     from poolwire.models.task_heads import Forward, PoolSpec
     from poolwire.models.tokenizing import Tokenizing
@@ -83,25 +117,35 @@ def pieces(folder: Path):
     texts = [t for t in mixed_texts(200, seed=7) if is_short(t)][:BATCH]
     seqs = tokenizing.texts(texts, None, "right")
     spec = PoolSpec(Forward.HIDDEN, method="mean", normalize=True)
+    ids, mask, types, lengths = pad_batch(seqs, model.tokenizer.pad_token_id or 0)
+    hidden = backend.run(Forward.HIDDEN, ids, mask, types)
     return backend.describe(), [
         ("tokenize one short text", lambda: tokenizing.texts(texts[:1], None, "right")),
         ("run_batch, 1 short text", lambda: run_batch(backend, seqs[:1], [spec])),
         (f"run_batch, {BATCH} short texts", lambda: run_batch(backend, seqs, [spec] * BATCH)),
+        (f"mean pool {BATCH} texts, PyTorch reference",
+         lambda: seq_pool_reference(hidden, lengths, "mean", normalize=True)),
+        (f"mean pool {BATCH} texts, NumPy",
+         lambda: seq_pool_numpy(hidden, lengths, "mean", normalize=True)),
     ]
 
 
 def table(rows, gap_ms: float, cores: int) -> str:
-    """rows: (work, back to back, after the gap, beside busy cores), each figure a pair of
-    (this thread's CPU s, the process's CPU s) per call."""
-    def cell(figures, warm_s):
-        own, process = figures
-        return f"{own * 1e6:,.0f} us ({own / warm_s:.1f}x); process {process * 1e6:,.0f} us"
+    """rows: (work, back to back, after the gap, beside busy cores, beside a busy event loop),
+    each figure a triple of (this thread's CPU s, the process's CPU s, wall s) per call."""
+    def cell(figures, warm):
+        own, process, _ = figures
+        return f"{own * 1e6:,.0f} us ({own / warm[0]:.1f}x); process {process * 1e6:,.0f} us"
+
+    def wall_cell(figures, warm):
+        own, _, wall = figures
+        return f"{wall * 1e6:,.0f} us wall ({wall / warm[2]:.1f}x); CPU {own * 1e6:,.0f} us"
 
     lines = [f"| work | back to back | after a {gap_ms:g} ms idle gap | beside {cores} busy "
-             f"cores |", "| --- | ---: | ---: | ---: |"]
-    for name, warm, idle, crowded in rows:
+             f"cores | beside a busy event loop |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name, warm, idle, crowded, looped in rows:
         lines.append(f"| {name} | {warm[0] * 1e6:,.0f} us; process {warm[1] * 1e6:,.0f} us "
-                     f"| {cell(idle, warm[0])} | {cell(crowded, warm[0])} |")
+                     f"| {cell(idle, warm)} | {cell(crowded, warm)} | {wall_cell(looped, warm)} |")
     return "\n".join(lines)
 
 
@@ -129,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 for proc in busy:
                     stop_process(proc, timeout=5)
-            rows.append((name, warm, idle, crowded))
+            rows.append((name, warm, idle, crowded, beside_busy_loop(call, args.calls)))
     command = " ".join(["python bench/idle_penalty.py",
                         *(argv if argv is not None else sys.argv[1:])])
     print(f"CPU: {describe()}")
@@ -139,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("CPU of the calling thread per call (median), its ratio to back to back, and the "
           "process's CPU per call (all threads: a backend thread spinning while the caller "
-          "sleeps shows there).")
+          "sleeps shows there); beside a busy event loop, the median wall time per call against "
+          "the back-to-back wall time, and the calling thread's CPU.")
     print(f"command: {command}")
     return 0
 

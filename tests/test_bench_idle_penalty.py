@@ -12,13 +12,15 @@ from tests.helpers import processes, usage_error
 
 
 def test_table_shows_each_condition_against_back_to_back():
-    rows = [("tokenize one short text", (50e-6, 60e-6), (200e-6, 300e-6), (100e-6, 110e-6))]
+    rows = [("tokenize one short text", (50e-6, 60e-6, 55e-6), (200e-6, 300e-6, 400e-6),
+             (100e-6, 110e-6, 120e-6), (70e-6, 400e-6, 165e-6))]
     text = idle_penalty.table(rows, 4.0, 2)
     assert text.splitlines()[0] == ("| work | back to back | after a 4 ms idle gap | beside 2 "
-                                    "busy cores |")
+                                    "busy cores | beside a busy event loop |")
     assert text.splitlines()[2] == ("| tokenize one short text | 50 us; process 60 us "
                                     "| 200 us (4.0x); process 300 us "
-                                    "| 100 us (2.0x); process 110 us |")
+                                    "| 100 us (2.0x); process 110 us "
+                                    "| 165 us wall (3.0x); CPU 70 us |")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -34,13 +36,14 @@ def test_a_tiny_run_measures_every_piece_and_stops_its_spinners(capsys):
     before = _children()
     assert idle_penalty.main(["--calls", "3", "--gap-ms", "1"]) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| tokenize")
-            or line.startswith("| run_batch")]
-    assert len(rows) == 3, out
+    rows = [line for line in out.splitlines() if line.startswith(("| tokenize", "| run_batch",
+                                                                   "| mean pool"))]
+    assert len(rows) == 5, out
+    assert "| mean pool 22 texts, PyTorch reference |" in out and "| mean pool 22 texts, NumPy |" in out
     for row in rows:
         figures = [float(f.replace(",", "")) for f in re.findall(r"([\d,.]+) us", row)]
         ratios = [float(r) for r in re.findall(r"\(([\d.]+)x\)", row)]
-        assert len(figures) == 6 and len(ratios) == 2, row
+        assert len(figures) == 8 and len(ratios) == 3, row
         assert all(math.isfinite(v) and v > 0 for v in figures + ratios), row
     assert "command: python bench/idle_penalty.py --calls 3 --gap-ms 1" in out
     assert _children() == before  # the spinners were stopped and reaped

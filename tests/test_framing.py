@@ -4,8 +4,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from poolwire.actors.framing import (ReplyStyle, done_frame, error_frame, header_bytes, item_frames,
-                            one_reply, wire_item)
+from poolwire.actors.framing import (ROWS_FROM, ReplyStyle, done_frame, error_frame, header_bytes,
+                                    item_frames, one_reply, wire_item)
 from poolwire.schemas.codec import WireFormat, decode
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.replies import DoneFrame, ErrorFrame, OneReply, StreamItemFrame
@@ -25,6 +25,21 @@ def test_one_reply_validates_against_the_schema():
     frame, _ = decode(body)
     reply = OneReply.model_validate(frame)
     assert reply.usage.total_tokens == 12 and reply.data[2].data == [2.0] * 4
+
+
+@pytest.mark.parametrize("shape", [(3,), (ROWS_FROM - 1,), (ROWS_FROM,), (384,), (2, 100), (7, 2)],
+                         ids=str)
+def test_float32_items_are_the_bytes_of_their_values_packed_as_32_bit_floats(shape):
+    # Small items go as Python floats, large ones from the array's bytes (codec.Float32Rows):
+    # both must give what packb gives for the values themselves.
+    values = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    body = one_reply("r1", "m", "embed", [wire_item(0, values, FLOAT)], 5, FLOAT, 1 << 20)
+    frame = {"request_id": "r1", "model": "m", "task": "embed",
+             "usage": {"prompt_tokens": 5, "total_tokens": 5}, "data": [{"index": 0,
+                                                                     "data": values.tolist()}]}
+    assert msgpack.unpackb(body) == msgpack.unpackb(
+        msgpack.packb(frame, use_single_float=True, use_bin_type=True))
+    assert body.count(b"\xca") >= values.size  # every value a MessagePack float32
 
 
 def test_one_reply_over_max_payload_is_payload_too_large_naming_stream_and_binary():
