@@ -104,7 +104,8 @@ class Tokenizing:
                      ) -> dict[tuple[str, int | None, str], list[int]]:
         """The ids of (text, truncate_prompt_tokens, side) triples, as `texts` would give them,
         keyed by (text, limit, side). Run in a thread of its own: the Rust tokenizer's batch
-        call releases the GIL (its single-text call does not), so a micro-batch's texts are
+        call (encode_batch_fast: no character offsets, about a sixth cheaper than encode_batch)
+        releases the GIL (its single-text call does not), so a micro-batch's texts are
         encoded on another core while the event loop goes on; that thread has its own copy of
         the tokenizer, whose truncation it sets per call. Hand the result to `use_ahead`."""
         if self._ahead_rust is None:
@@ -117,8 +118,8 @@ class Tokenizing:
         out = {}
         for (limit, side), group in groups.items():
             _set_up(self._ahead_rust, limit, side)
-            for text, enc in zip(group, self._ahead_rust.encode_batch(group,
-                                                                      add_special_tokens=True)):
+            for text, enc in zip(group, self._ahead_rust.encode_batch_fast(
+                    group, add_special_tokens=True)):
                 out[(text, limit, side)] = enc.ids
         return out
 
@@ -197,7 +198,9 @@ class Tokenizing:
         _set_up(rust, limit, side)
         if len(texts) == 1:  # encode_batch hands even one text to its thread pool
             return [rust.encode(texts[0], add_special_tokens=True).ids]
-        return [e.ids for e in rust.encode_batch(texts, add_special_tokens=True)]
+        # encode_batch_fast: the same ids without character offsets, which the ids never need
+        # (measured 2026-12-03: 32.4 against 38.9 us a short text on one core).
+        return [e.ids for e in rust.encode_batch_fast(texts, add_special_tokens=True)]
 
     def _encode(self, texts, limit, side, with_offsets: bool = False, longest: int | None = None):
         """The ids of each text, or with_offsets the whole encoding (ids, offset_mapping,
