@@ -53,21 +53,6 @@ def describe_backend(device: torch.device | str) -> str:
     return f"{_NAMES[backend]} ({why})"
 
 
-_OPS = {
-    "seq_pool": {"triton": "seq_pool_triton", "numpy": "seq_pool_numpy",
-                 "reference": "seq_pool_reference"},
-    "token_pool": {"triton": "token_pool_triton", "numpy": "token_pool_numpy",
-                   "reference": "token_pool_reference"},
-    "activation": {"triton": "activation_triton", "numpy": "activation_numpy",
-                   "reference": "activation_reference"},
-}
-
-
-def _op(name: str, tensor: torch.Tensor):
-    # Looked up in this module's globals per call, so tests can swap one implementation.
-    return globals()[_OPS[name][backend_for(tensor)]]
-
-
 def seq_pool(
     hidden: torch.Tensor,
     lengths: torch.Tensor,
@@ -80,8 +65,10 @@ def seq_pool(
 
     Keeps the first ``dimensions`` features (Matryoshka), then L2-normalises them if asked.
     """
-    return _op("seq_pool", hidden)(hidden, lengths, method, normalize=normalize,
-                                   dimensions=dimensions)
+    backend = backend_for(hidden)  # the triton names exist only where Triton imported
+    op = (seq_pool_triton if backend == "triton" else seq_pool_numpy if backend == "numpy"
+          else seq_pool_reference)
+    return op(hidden, lengths, method, normalize=normalize, dimensions=dimensions)
 
 
 def token_pool(
@@ -92,9 +79,15 @@ def token_pool(
     dimensions: int | None = None,
 ) -> torch.Tensor:
     """[B, T, H] padded hidden states -> packed [sum(lengths), D] float32 rows of real tokens."""
-    return _op("token_pool", hidden)(hidden, lengths, normalize=normalize, dimensions=dimensions)
+    backend = backend_for(hidden)  # the triton names exist only where Triton imported
+    op = (token_pool_triton if backend == "triton" else token_pool_numpy if backend == "numpy"
+          else token_pool_reference)
+    return op(hidden, lengths, normalize=normalize, dimensions=dimensions)
 
 
 def activation(logits: torch.Tensor, kind: str) -> torch.Tensor:
     """[N, C] logits -> [N, C] float32 scores: "softmax", "sigmoid" or "none", row-wise."""
-    return _op("activation", logits)(logits, kind)
+    backend = backend_for(logits)  # the triton names exist only where Triton imported
+    op = (activation_triton if backend == "triton" else activation_numpy if backend == "numpy"
+          else activation_reference)
+    return op(logits, kind)

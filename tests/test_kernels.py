@@ -297,10 +297,8 @@ def test_activation_class_loop(device, kind, monkeypatch):
 # interpreter, and the NumPy ops a CPU worker runs.
 
 
-@pytest.fixture(params=["triton", "numpy"])
+@pytest.fixture(params=[pytest.param("triton", marks=NEEDS_INTERPRETER), "numpy"])
 def cpu_side(request, monkeypatch):
-    if request.param == "triton" and not _launch.INTERPRETED:
-        pytest.skip("CPU runs Triton only with TRITON_INTERPRET=1 set before importing kernels")
     monkeypatch.setattr(_launch, "INTERPRETED", request.param == "triton")
     assert kernels.backend_for(torch.zeros(1)) == request.param
     return request.param
