@@ -150,3 +150,20 @@ class BatchPlanner:
                 del buckets[key]
         if not buckets:
             self._buckets.pop((group, priority), None)
+
+
+# The longest batch the event loop computes itself (the backend's own estimate of its time on
+# one thread), rather than handing it to the forward thread and waiting to be woken with the
+# result. Those two wake-ups between threads cost 0.3 to 0.5 ms a request one at a time on
+# this 2-core VM (more than the near-zero model's whole pass: bench/service_cost.py --shapes
+# 1x1, docs/PERFORMANCE.md), and a loop that waits for the result has nothing else to do. A
+# request arriving meanwhile waits at most about this long; a real model's batches (MiniLM:
+# milliseconds) never qualify, and no batch does where the backend does not know its time.
+LOOP_BATCH_S = 0.0005
+
+
+def computes_on_loop(seconds_alone: float | None, engine_idle: bool) -> bool:
+    """Whether the engine computes a batch on its event loop: only when nothing else is in
+    flight, queued or on its way (`engine_idle`), and the backend knows the batch to take at
+    most LOOP_BATCH_S on one thread (`seconds_alone`, None: unknown)."""
+    return engine_idle and seconds_alone is not None and seconds_alone <= LOOP_BATCH_S

@@ -1,7 +1,8 @@
 """The EngineActor: the only owner of the model. It tokenizes validated jobs, admits them
 under a queued-token bound, micro-batches their sequences with the BatchPlanner, runs each
 forward pass in its own thread (torch releases the GIL, so the event loop keeps taking and
-tokenizing requests meanwhile) and publishes the reply frames."""
+tokenizing requests meanwhile; only a batch the backend knows to take well under a millisecond,
+while nothing else waits, is computed on the loop itself) and publishes the reply frames."""
 
 import asyncio
 import logging
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from poolwire.actors.batch_planner import BatchPlanner, QueuedItem
+from poolwire.actors.batch_planner import BatchPlanner, QueuedItem, computes_on_loop
 from poolwire.models.backend import Backend, TorchBackend
 from poolwire.models.forward import run_batch
 from poolwire.actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
@@ -158,7 +159,8 @@ class EngineActor(Actor):
         self._inflight: set[InFlight] = set()
         self._looking = 0                   # jobs whose work beside the mailbox is under way
         self._lookups: set[asyncio.Task] = set()
-        # One thread owns the forward pass: the model is never used from two threads at once.
+        # One thread computes at a time: the model is never used from two threads at once (the
+        # loop computes a quick batch only while this thread has nothing: _forward).
         self._forward_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-forward",
                                                   initializer=name_os_thread,
                                                   initargs=("poolwire-forward",))
@@ -444,11 +446,27 @@ class EngineActor(Actor):
             span = self._tracing.forward_started(
                 [trace_of(item.payload[0].job) for item in batch], len(seqs),
                 len(seqs) * max(len(s) for s in seqs)) if self._tracing.enabled else None
-            future = loop.run_in_executor(self._forward_thread, run_batch, self.backend, seqs,
-                                          specs)
+            future = self._forward(loop, seqs, specs)
             previous = self._last_delivery
             self._last_delivery = asyncio.create_task(
                 self._complete(batch, seqs, future, previous, span), name="poolwire-deliver")
+
+    def _forward(self, loop, seqs, specs) -> asyncio.Future:
+        """The batch's result, as a future: computed in the forward thread, or at once on the
+        loop where the engine is otherwise idle and the backend knows the batch to be quick
+        (batch_planner.computes_on_loop). Either way one thread computes at a time: the forward
+        thread has finished every batch it was handed when `_in_forward` reads 1 (this one)."""
+        idle = self._in_forward == 1 and not len(self._planner) and not self._on_its_way()
+        tokens = len(seqs) * max(len(s) for s in seqs)
+        if not computes_on_loop(self.backend.seconds_alone(specs[0].forward, tokens), idle):
+            return loop.run_in_executor(self._forward_thread, run_batch, self.backend, seqs,
+                                        specs)
+        future = loop.create_future()
+        try:
+            future.set_result(run_batch(self.backend, seqs, specs))
+        except Exception as exc:  # answered as a batch the forward thread failed
+            future.set_exception(exc)
+        return future
 
     async def _complete(self, batch, seqs, future, previous: asyncio.Task | None,
                         span=None) -> None:

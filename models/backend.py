@@ -5,7 +5,8 @@ normalisation, activations) is the same code for every backend (`forward.py`), s
 differ only in how fast they compute the transformer, never in what is done with it.
 
 Like text-embeddings-inference's `backends/core` (`embed(batch)`, `predict(batch)`), the engine
-plans batches and the backend only computes them, always from the engine's one forward thread.
+plans batches and the backend only computes them, from one thread at a time: the engine's forward
+thread, or its event loop for a batch the backend knows to be quick (`seconds_alone`).
 """
 
 from typing import Protocol
@@ -31,6 +32,12 @@ class Backend(Protocol):
         """The model's outputs for one right-padded batch ([B, T] ids, mask and segment ids):
         HIDDEN [B, T, H] last hidden states, SEQ_LOGITS [B, labels], TOKEN_LOGITS
         [B, T, labels], MLM_LOGITS [B, T, vocabulary] (sparse models); any float dtype (pooling accumulates in float32)."""
+
+    def seconds_alone(self, forward: Forward, tokens: int) -> float | None:
+        """How long a batch of `tokens` padded tokens takes when the calling thread computes it
+        alone, where the backend measured that at start (OpenVINO's one-thread twin); None
+        where it does not know. The engine computes a batch known to be that quick on its
+        event loop when nothing else is waiting (batch_planner.computes_on_loop)."""
 
     def describe(self) -> str:
         """One phrase for the start-up line: which backend, in which arithmetic."""
@@ -64,6 +71,9 @@ class TorchBackend:
             if forward == Forward.TEXT_FEATURES:
                 return model.towers.text_features(ids, mask)      # [B, D]
             return model.token_logits(ids, mask, types)           # [B, T, labels]
+
+    def seconds_alone(self, forward: Forward, tokens: int) -> float | None:
+        return None  # not measured: torch's own threads compute every batch
 
     def run_images(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """A multimodal model's image tower on a batch of preprocessed images -> [B, D]."""

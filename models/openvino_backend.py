@@ -318,6 +318,15 @@ class OpenVinoBackend:
             out = _infer(compiled, (ids.numpy(), mask.numpy(), types.numpy()))
         return torch.from_numpy(out)
 
+    def seconds_alone(self, forward: str, tokens: int) -> float | None:
+        """The one-thread twin's modelled time for a batch it takes; None for a batch the
+        all-cores pass takes (its time on a busy machine is not known) or a model without a
+        twin."""
+        twin = self._twins.get(forward)
+        if not takes_one_thread(twin, tokens, self.small_batch_s):
+            return None
+        return twin.seconds(tokens)
+
     def run_each(self, forward: str, ids: torch.Tensor, mask: torch.Tensor,
                  types: torch.Tensor) -> list[torch.Tensor]:
         """The batch through every compiled pass of `forward` (the all-cores pass, then its

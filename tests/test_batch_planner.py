@@ -6,7 +6,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from poolwire.actors.batch_planner import BatchPlanner, QueuedItem
+from poolwire.actors.batch_planner import LOOP_BATCH_S, BatchPlanner, QueuedItem, computes_on_loop
 
 
 def drain(planner: BatchPlanner) -> list[list[QueuedItem]]:
@@ -117,3 +117,11 @@ def test_an_item_that_would_add_too_much_padding_waits_for_a_later_batch():
 def test_bad_budgets_are_refused():
     with pytest.raises(ValueError, match="max_batch_tokens"):
         BatchPlanner(0, 8)
+
+
+def test_only_a_quick_batch_of_an_idle_engine_is_computed_on_the_loop():
+    assert computes_on_loop(LOOP_BATCH_S, engine_idle=True)
+    assert computes_on_loop(0.0, engine_idle=True)
+    assert not computes_on_loop(LOOP_BATCH_S * 1.01, engine_idle=True), "slower: the thread"
+    assert not computes_on_loop(None, engine_idle=True), "unknown time: the thread"
+    assert not computes_on_loop(0.0, engine_idle=False), "other work waits: the thread"

@@ -96,3 +96,63 @@ async def test_the_batching_wait_lasts_only_while_more_is_on_its_way(minilm):
         await asyncio.wait_for(waiting, 5)  # not the 60 s of max_wait_ms
     finally:
         await engine.close()
+
+
+async def _lone_vector(nc, prefix, text):
+    reply = msgpack.unpackb((await nc.request(f"{prefix}.embed", msgpack.packb({"input": text}),
+                                              timeout=60)).data)
+    return np.array(reply["data"][0]["data"], dtype=np.float32)
+
+
+async def test_a_quick_batch_of_an_idle_engine_is_computed_on_the_loop(
+        minilm, start_worker, nc, prefix, monkeypatch):
+    """Where the backend knows a batch to take well under a millisecond alone (OpenVINO's
+    one-thread twin) and nothing else waits, the event loop computes it instead of handing it
+    to the forward thread: the same vectors; a lone request whose time is unknown (torch) or
+    too long still goes to the thread; requests in flight together are all answered; and a
+    batch that fails on the loop is answered with an error, the worker carrying on."""
+    import threading
+
+    from poolwire.actors import engine as engine_module
+    from poolwire.actors.batch_planner import LOOP_BATCH_S
+    from poolwire.models.backend import TorchBackend
+
+    threads = []
+    real_run = TorchBackend.run
+
+    def run(self, *args):
+        threads.append(threading.current_thread().name)
+        return real_run(self, *args)
+
+    monkeypatch.setattr(TorchBackend, "run", run)
+    known = {"seconds": None}
+    monkeypatch.setattr(TorchBackend, "seconds_alone", lambda self, forward, tokens:
+                        known["seconds"])
+    async with start_worker(minilm, backend="torch") as worker:
+        threaded = await _lone_vector(nc, prefix, TEXTS[0])
+        assert threads[-1].startswith("poolwire-forward"), "unknown time: the forward thread"
+        known["seconds"] = LOOP_BATCH_S * 2
+        await _lone_vector(nc, prefix, TEXTS[0])
+        assert threads[-1].startswith("poolwire-forward"), "too long: the forward thread"
+
+        known["seconds"] = LOOP_BATCH_S / 10
+        on_loop = await _lone_vector(nc, prefix, TEXTS[0])
+        assert threads[-1] == threading.current_thread().name, "quick and idle: the loop"
+        assert np.array_equal(on_loop, threaded)
+        together = await _embed_all(nc, prefix)
+        assert [f["request_id"] for f in together[:20]] == [f"r{i}" for i in range(20)]
+        assert all(len(f["data"]) == 3 for f in together[:20])
+
+        real_batch = engine_module.run_batch
+
+        def broken(*args):
+            raise RuntimeError("the batch broke on the loop")
+
+        monkeypatch.setattr(engine_module, "run_batch", broken)
+        failed = msgpack.unpackb((await nc.request(f"{prefix}.embed", msgpack.packb(
+            {"input": TEXTS[1], "request_id": "broken"}), timeout=60)).data)
+        assert failed["request_id"] == "broken" and failed["error"]["code"] == "internal"
+        assert "the batch broke on the loop" in failed["error"]["message"]
+        monkeypatch.setattr(engine_module, "run_batch", real_batch)
+        assert np.array_equal(await _lone_vector(nc, prefix, TEXTS[0]), threaded)
+        assert worker.engine.failures == 0  # answered as its batch's failure, not a crash

@@ -306,9 +306,25 @@ def test_a_fast_model_gets_a_one_thread_twin_that_computes_what_all_cores_do(fir
         assert torch.equal(backend.run(forward, ids, mask, torch.zeros_like(ids)), one_thread)
 
 
+def test_a_batch_knows_its_time_alone_only_where_the_twin_takes_it(first_start):
+    """seconds_alone (what the engine decides on to compute a batch on its loop) is the twin's
+    modelled time for a batch the twin takes, and unknown (None) for one it does not take, or
+    for a forward pass without a twin."""
+    _, backend = first_start
+    twin = backend._twins["seq_logits"]
+    assert backend.seconds_alone("seq_logits", 8) == pytest.approx(twin.seconds(8))
+    backend.small_batch_s, limit = twin.seconds(8), backend.small_batch_s
+    try:
+        assert backend.seconds_alone("seq_logits", 9) is None
+    finally:
+        backend.small_batch_s = limit
+    assert backend.seconds_alone("hidden", 8) is None  # this model has no hidden pass
+
+
 def test_threads_the_operator_chose_get_no_twin(fresh_model, tmp_path):
     chosen = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path, threads=2)
     assert chosen.twins == {} and "one thread" not in chosen.describe()
+    assert chosen.seconds_alone("seq_logits", 8) is None
 
 
 def test_the_start_up_timing_stops_once_it_knows_the_answer(monkeypatch):
