@@ -351,13 +351,16 @@ class EngineActor(Actor):
         self._inflight.add(flight)
         if cached is not None:
             await self._cached_items(flight, cached)  # before any computed item can finish it
+        # The group keeps batches to one forward kind and one adapter (PROTOCOL 1.3: requests
+        # with different adapters never share a forward pass), so one modality on a multimodal
+        # model (the only plans whose sequences differ in it).
+        solo = f"#{job.request_id}" if job.solo else ""
+        group = plan.spec.group + solo
+        priority, deadline = request.priority, job.deadline
         for i, seq in enumerate(plan.sequences):
-            # The group keeps batches to one forward kind and one adapter (PROTOCOL 1.3: requests
-            # with different adapters never share a forward pass), so one modality on a
-            # multimodal model.
-            kind = plan.spec_for(i).group
-            group = f"{kind}#{job.request_id}" if job.solo else kind
-            item = QueuedItem(tokens=len(seq), priority=request.priority, deadline=job.deadline,
+            if plan.forwards is not None:
+                group = plan.spec_for(i).group + solo
+            item = QueuedItem(tokens=len(seq), priority=priority, deadline=deadline,
                               group=group, payload=(flight, i))
             flight.queued.append(item)
             self._planner.add(item)
@@ -486,9 +489,14 @@ class EngineActor(Actor):
             if isinstance(result, Exception):
                 raise result
             self._record(seqs, result)
+            # Each request's outputs of this batch together (in batch order): one hand-over a
+            # request, not one a sequence (32 texts a request: bench/service_cost.py).
+            per_flight: dict[InFlight, list] = {}
             for item, value in zip(batch, result.outputs):
                 flight, i = item.payload
-                await self._deliver(flight, i, value)
+                per_flight.setdefault(flight, []).append((i, value))
+            for flight, outputs in per_flight.items():
+                await self._deliver(flight, outputs)
         except Exception as exc:  # nothing a client sent is lost without an answer
             log.exception("a batch of %d sequences failed", len(batch))
             for flight in flights:
@@ -570,21 +578,22 @@ class EngineActor(Actor):
         await self._replier.send_error(job.reply, job.request_id, error, job.fmt, job.headers)
         trace_of(job).end(error.code)
 
-    async def _deliver(self, flight: InFlight, seq_index: int, value: np.ndarray) -> None:
+    async def _deliver(self, flight: InFlight, outputs: list[tuple[int, np.ndarray]]) -> None:
+        """A request's outputs of one batch, as (sequence index, pooled value)."""
         if flight.failed:
             return
         job, plan = flight.job, flight.plan
-        value = sequence_value(job.task, plan, value)
-        flight.remaining -= 1
+        values = [(i, sequence_value(job.task, plan, value)) for i, value in outputs]
+        flight.remaining -= len(values)
         if flight.cache_keys is not None:  # computed for the result cache's misses
-            seq_index = flight.item_of[seq_index]
-            self._cache.store(flight.cache_keys[seq_index], value,
-                              flight.plan.item_tokens[seq_index])
+            values = [(flight.item_of[i], value) for i, value in values]
+            for i, value in values:
+                self._cache.store(flight.cache_keys[i], value, plan.item_tokens[i])
         try:
             if flight.keeps_outputs:
-                flight.outputs[seq_index] = value
+                flight.outputs.update(values)
             elif job.reply:
-                await self._send_items(flight, [(seq_index, value)])
+                await self._send_items(flight, values)
             if flight.remaining == 0:
                 await self._finish(flight)
         except PoolingError as err:
