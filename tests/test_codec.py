@@ -96,6 +96,26 @@ def test_float32_rows_encode_as_the_floats_would(shape):
     assert encode(frame, WireFormat.JSON) == json.dumps(plain, separators=(",", ":")).encode()
 
 
+@pytest.mark.parametrize("shapes", [[(384,)] * 32, [(16,)] * 3 + [(17,)], [(8,), (2, 8), (8,)],
+                                    [(0,), (0,)], [(70000,)] * 2])
+def test_a_frame_of_many_float32_rows_encodes_as_the_floats_would(shapes):
+    """A reply's rows are converted together where they are vectors of one length, one by one
+    otherwise: either way each lands in its own place, in the bytes the floats give."""
+    import msgpack
+    import numpy as np
+
+    from poolwire.schemas.codec import Float32Rows
+
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    frame = {"data": [{"index": i, "data": Float32Rows(a)} for i, a in enumerate(arrays)],
+             "usage": {"prompt_tokens": 3}}
+    plain = {"data": [{"index": i, "data": a.tolist()} for i, a in enumerate(arrays)],
+             "usage": {"prompt_tokens": 3}}
+    assert encode(frame, WireFormat.MSGPACK) == msgpack.packb(plain, use_single_float=True,
+                                                              use_bin_type=True)
+
+
 def test_float32_rows_beside_bytes_that_hold_the_marker_still_encode_exactly():
     import msgpack
     import numpy as np
