@@ -172,6 +172,9 @@ class Side:
     latencies_ms: list[float] = field(default_factory=list)
     errors: int = 0
     cpu_s: dict[str, float] = field(default_factory=dict)
+    # The workers' forward passes and the sequences in them over these rounds ($SRV.STATS).
+    batches: int = 0
+    sequences: int = 0
 
     @property
     def texts_per_s(self) -> float:
@@ -180,6 +183,10 @@ class Side:
     @property
     def median_ms(self) -> float:
         return statistics.median(self.latencies_ms) if self.latencies_ms else float("nan")
+
+    @property
+    def mean_batch(self) -> float:
+        return self.sequences / self.batches if self.batches else float("nan")
 
 
 @dataclass
@@ -214,16 +221,19 @@ def markdown(results: list[ShapeResult], machine_line: str, command: str,
         bare, pool, ratio = r.cells()
         out.append(f"| {r.shape.label} | {bare} | {pool} | {ratio} | {r.load_average:.2f} | "
                    f"{r.background_cores:.2f} |")
-    out += ["", "CPU per text, ms (the worker's by thread; the responder's whole process):", "",
-            "| setup | event loop | tokenize | forward | backend threads | worker total | responder |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out += ["", "CPU per text, ms (the worker's by thread; the responder's whole process), and "
+                "the worker's mean sequences a forward pass:", "",
+            "| setup | event loop | tokenize | forward | backend threads | worker total | responder "
+            "| sequences a pass |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         c, n = r.poolwire.cpu_s, max(r.poolwire.texts, 1)
         per = {k: 1000 * v / n for k, v in c.items()}
         bare = 1000 * r.bare.cpu_s.get("process", float("nan")) / max(r.bare.texts, 1)
         out.append(f"| {r.shape.label} | {per.get('event loop', 0):.3f} "
                    f"| {per.get('tokenize', 0):.3f} | {per.get('forward', 0):.3f} "
-                   f"| {per.get('backend threads', 0):.3f} | {sum(per.values()):.3f} | {bare:.3f} |")
+                   f"| {per.get('backend threads', 0):.3f} | {sum(per.values()):.3f} | {bare:.3f} "
+                   f"| {r.poolwire.mean_batch:.1f} |")
     names = sorted({n for r in results for n in r.backend_threads})
     errors = sum(r.poolwire.errors + r.bare.errors for r in results)
     out += ["", f"backend threads seen: {', '.join(names) or 'none'}. Errors: {errors}. "
@@ -255,6 +265,23 @@ async def _load(nc, subject: str, bodies: list[bytes], in_flight: int,
     t0 = time.perf_counter()
     await asyncio.gather(*(lane() for _ in range(in_flight)))
     return time.perf_counter() - t0, latencies, replies
+
+
+async def batch_counts(nc, workers: int, timeout: float = 5.0) -> tuple[int, int]:
+    """(forward passes, sequences in them) so far, summed over every worker: each answers
+    `$SRV.STATS.poolwire` with its stage stats (actors/stats.py)."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    try:
+        await nc.publish("$SRV.STATS.poolwire", b"", reply=inbox)
+        batches = sequences = 0
+        for _ in range(workers):
+            data = json.loads((await sub.next_msg(timeout=timeout)).data)["endpoints"][0]["data"]
+            batches += data["batches"]
+            sequences += data["sequences"]
+        return batches, sequences
+    finally:
+        await sub.unsubscribe()
 
 
 def _errors(replies: list[bytes], per_request: int) -> int:
@@ -306,8 +333,13 @@ async def measure(url: str, worker_pids: list[int], responder_pid: int, shapes: 
                     side = sides[who]
                     before_t = {pid: threads_cpu(pid) for pid in worker_pids}
                     before_r = process_cpu_s(responder_pid)
+                    if who == "poolwire":
+                        passes = await batch_counts(nc, len(worker_pids))
                     wall, lat, replies = await _load(nc, subject, bodies, shape.in_flight, timeout)
                     if who == "poolwire":
+                        batches, sequences = await batch_counts(nc, len(worker_pids))
+                        side.batches += batches - passes[0]
+                        side.sequences += sequences - passes[1]
                         for pid in worker_pids:  # summed over every worker process
                             groups, seen = cpu_by_group(pid, before_t[pid], threads_cpu(pid))
                             names.update(seen)
@@ -415,7 +447,8 @@ def to_json(results: list[ShapeResult]) -> list[dict]:
         for side in ("bare", "poolwire"):
             s = getattr(r, side)
             d[side] = {"texts": s.texts, "wall_s": s.wall_s, "texts_per_s": s.texts_per_s,
-                       "median_ms": s.median_ms, "errors": s.errors, "cpu_s": s.cpu_s}
+                       "median_ms": s.median_ms, "errors": s.errors, "cpu_s": s.cpu_s,
+                       "batches": s.batches, "sequences": s.sequences}
         out.append(d)
     return out
 

@@ -31,12 +31,14 @@ def test_cpu_split_counts_only_what_each_thread_spent_meanwhile():
 
 
 def test_table_shows_ratios_each_way_and_cpu_per_text():
-    def side(texts, wall, lat, cpu):
-        return sc.Side(texts=texts, wall_s=wall, latencies_ms=lat, cpu_s=cpu)
+    def side(texts, wall, lat, cpu, batches=0, sequences=0):
+        return sc.Side(texts=texts, wall_s=wall, latencies_ms=lat, cpu_s=cpu, batches=batches,
+                       sequences=sequences)
 
     rows = [sc.ShapeResult(sc.SHAPES[0], side(1000, 1.0, [1.0], {"process": 0.01}),
                            side(1000, 2.0, [2.0], {"event loop": 0.2, "tokenize": 0.05,
-                                                   "forward": 0.1, "backend threads": 0.0}),
+                                                   "forward": 0.1, "backend threads": 0.0},
+                                batches=80, sequences=1000),
                            [], 1.5, 0.25),
             sc.ShapeResult(sc.SHAPES[2], side(10, 1.0, [0.2, 0.25, 0.3], {"process": 0.001}),
                            side(10, 1.0, [0.5, 0.6, 0.7], {"event loop": 0.01}), [], 1.5, 0.25)]
@@ -45,8 +47,11 @@ def test_table_shows_ratios_each_way_and_cpu_per_text():
     assert "| one request at a time, median round trip | 0.25 ms | 0.60 ms | 2.40x |" in text
     assert "poolwire, near-zero model, 2 processes" in text
     # 0.35 s of the worker's CPU over 1,000 texts: 0.35 ms a text; the responder 0.01 ms.
-    assert ("| 1 text a request, 64 in flight | 0.200 | 0.050 | 0.100 | 0.000 | 0.350 | 0.010 |"
-            in text)
+    # 1,000 sequences in 80 forward passes: 12.5 a pass.
+    assert ("| 1 text a request, 64 in flight | 0.200 | 0.050 | 0.100 | 0.000 | 0.350 | 0.010 "
+            "| 12.5 |" in text)
+    assert "| one request at a time, median round trip | 1.000 |" in text  # no passes: nan
+    assert text.count("| nan |") == 1
     assert "CPU: 2 CPU cores (test)" in text and "command: cmd" in text
 
 
@@ -77,5 +82,8 @@ def test_a_tiny_run_answers_every_request_on_both_sides(tmp_path, capsys):
         # The split is read from /proc in clock ticks (10 ms): one shape of a tiny run can stay
         # under a tick on a thread (CI read 0.0 for the event loop once), the run as a whole not.
         assert "event loop" in r["poolwire"]["cpu_s"] and min(r["poolwire"]["cpu_s"].values()) >= 0
+        # Every text went through a forward pass of the worker, counted from its $SRV.STATS.
+        assert r["poolwire"]["sequences"] == r["poolwire"]["texts"]
+        assert 1 <= r["poolwire"]["batches"] <= r["poolwire"]["sequences"]
     assert sum(sum(r["poolwire"]["cpu_s"].values()) for r in results) > 0
     assert text.count("texts/s") >= 2 and "median round trip" in text
