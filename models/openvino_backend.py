@@ -75,6 +75,17 @@ SMALL_BATCH_S = 0.001
 # The calibration batches (rows, tokens): the twin's time is modelled as fixed + per token.
 CALIBRATION = ((2, 8), (8, 64))
 
+# A one-row batch of a model with a twin (one request at a time) runs through a pass compiled
+# for exactly one row of the next of these widths, right-padded to it: a pass of dynamic shape
+# pays for shape inference and memory on every call, about as much as the near-zero model's
+# whole pass. One short text on the near-zero model of bench/service_cost.py: 183 us through
+# the dynamic one-thread twin, 72 us through a [1, 16] pass (2-core AVX2 VM, best of five
+# runs of 2,000). Padding is what every batch of several rows already has: the mask keeps it
+# out of the real tokens' outputs, and the start-up check compares these passes with torch too.
+ONE_ROW_WIDTHS = (16, 32, 64, 128)
+# Forward kinds whose outputs have a row per token ([B, T, ...]): cut back to the batch's width.
+PER_TOKEN = frozenset({Forward.HIDDEN, Forward.TOKEN_LOGITS, Forward.MLM_LOGITS})
+
 
 def forwards_for(model: LoadedModel) -> tuple[str, ...]:
     """The forward kinds this model's tasks can ask for (task_heads.plan)."""
@@ -177,6 +188,22 @@ class _Compiled:
     tensor: type             # openvino.Tensor, looked up once rather than per batch
 
 
+def fixed_width(width: int, widths: tuple[int, ...]) -> int | None:
+    """The smallest of `widths` (ascending) that holds `width` tokens; None past the largest."""
+    return next((w for w in widths if w >= width), None)
+
+
+def padded_to(arrays: tuple[np.ndarray, ...], width: int) -> tuple[np.ndarray, ...]:
+    """One-row ids, mask and segment ids right-padded with zeros to `width` tokens: id 0
+    exists in every vocabulary, and the mask's zeros keep it out of every real token."""
+    out = []
+    for array in arrays:
+        row = np.zeros((1, width), dtype=np.int64)
+        row[:, :array.shape[1]] = array
+        out.append(row)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class _Twin:
     """A pass compiled for one thread, with its measured cost: fixed_s + per_token_s x tokens."""
@@ -239,6 +266,8 @@ class OpenVinoBackend:
         self.reused: list[str] = []      # read from the cache instead
         self._compiled: dict[str, _Compiled] = {}
         self._twins: dict[str, _Twin] = {}  # one-thread passes for small batches
+        # forward -> {width: a one-thread pass compiled for [1, width]}, beside each twin
+        self._one_row: dict[str, dict[int, _Compiled]] = {}
         self.small_batch_s = SMALL_BATCH_S
         self._lock = threading.Lock()
         for forward in forwards_for(model):
@@ -249,6 +278,9 @@ class OpenVinoBackend:
                 # Only where the cores were not chosen (--openvino-threads) and are several.
                 if threads is None and int(compiled.get_property("INFERENCE_NUM_THREADS")) > 1:
                     self._twin(graph, forward, {**config, "INFERENCE_NUM_THREADS": 1})
+                if forward in self._twins:
+                    self._one_row[forward] = self._fixed_passes(
+                        graph, {**config, "INFERENCE_NUM_THREADS": 1})
             except Exception as exc:  # noqa: BLE001 - any converter failure means: not here
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise OpenVinoUnavailable(f"OpenVINO could not convert {model.architecture} "
@@ -265,6 +297,17 @@ class OpenVinoBackend:
         fixed, per_token = one_thread_cost([(small[0].size, _best_seconds(twin, small)),
                                             (big[0].size, _best_seconds(twin, big))])
         self._twins[forward] = _Twin(twin, fixed, per_token)
+
+    def _fixed_passes(self, graph, config: dict) -> dict[int, _Compiled]:
+        """The graph compiled for one row of each ONE_ROW_WIDTHS width the model can take."""
+        passes = {}
+        for width in ONE_ROW_WIDTHS:
+            if width > self.model.max_length:
+                break
+            fixed = graph.clone()
+            fixed.reshape({port.get_any_name(): [1, width] for port in fixed.inputs})
+            passes[width] = _request(self.core.compile_model(fixed, "CPU", config))
+        return passes
 
     def _calibration_batch(self, rows: int, tokens: int) -> tuple[np.ndarray, ...]:
         """ids, mask and segment ids of `rows` full rows of `tokens` tokens (at most the
@@ -311,11 +354,19 @@ class OpenVinoBackend:
         compiled = self._compiled.get(forward)
         if compiled is None:
             raise ValueError(f"{self.model.architecture} has no {forward} forward pass")
+        arrays = (ids.numpy(), mask.numpy(), types.numpy())
+        rows, width = arrays[0].shape
+        passes = self._one_row.get(forward)
+        fixed = fixed_width(width, tuple(passes)) if passes and rows == 1 else None
+        if fixed is not None:
+            with self._lock:
+                out = _infer(passes[fixed], padded_to(arrays, fixed))
+            return torch.from_numpy(out[:, :width] if forward in PER_TOKEN else out)
         twin = self._twins.get(forward)
         if takes_one_thread(twin, ids.numel(), self.small_batch_s):
             compiled = twin.compiled
         with self._lock:  # one infer request each: callers other than the forward thread wait
-            out = _infer(compiled, (ids.numpy(), mask.numpy(), types.numpy()))
+            out = _infer(compiled, arrays)
         return torch.from_numpy(out)
 
     def seconds_alone(self, forward: str, tokens: int) -> float | None:
@@ -336,7 +387,27 @@ class OpenVinoBackend:
             [self._twins[forward].compiled] if forward in self._twins else [])
         arrays = (ids.numpy(), mask.numpy(), types.numpy())
         with self._lock:
-            return [torch.from_numpy(_infer(c, arrays)) for c in passes]
+            outputs = [torch.from_numpy(_infer(c, arrays)) for c in passes]
+        if self._one_row.get(forward):
+            outputs.append(self._row_by_row(forward, ids, mask, types))
+        return outputs
+
+    def _row_by_row(self, forward: str, ids: torch.Tensor, mask: torch.Tensor,
+                    types: torch.Tensor) -> torch.Tensor:
+        """The batch computed one row at a time, each row cut to its real tokens (the path of a
+        one-row batch: a fixed-width pass where one holds it), stacked in the batch's shape
+        with zeros on the padding."""
+        rows = []
+        for row in range(ids.shape[0]):
+            real = int(mask[row].sum())
+            rows.append(self.run(forward, ids[row:row + 1, :real], mask[row:row + 1, :real],
+                                 types[row:row + 1, :real]))
+        if forward not in PER_TOKEN:
+            return torch.cat(rows)
+        out = torch.zeros((ids.shape[0], ids.shape[1], *rows[0].shape[2:]), dtype=rows[0].dtype)
+        for row, value in enumerate(rows):
+            out[row, :value.shape[1]] = value[0]
+        return out
 
     @property
     def twins(self) -> dict[str, float]:
@@ -351,6 +422,9 @@ class OpenVinoBackend:
         where = f" ({how})" if how else ""
         small = "".join(f"; batches of up to {tokens:,.0f} tokens on one thread ({forward})"
                         for forward, tokens in self.twins.items())
+        if self._one_row:
+            widths = sorted({w for passes in self._one_row.values() for w in passes})
+            small += f"; one row in fixed widths {', '.join(map(str, widths))}"
         return f"backend openvino {self.version}{where}, {self.precision.describe()}{small}"
 
 

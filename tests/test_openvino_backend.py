@@ -243,7 +243,8 @@ def test_a_model_openvino_cannot_convert_falls_back_to_torch(fresh_model, tmp_pa
         build_backend("openvino", fresh_model(), "exact", "float32", tmp_path)
 
 
-@pytest.mark.parametrize("which", [0, -1], ids=["all-cores pass", "one-thread twin"])
+@pytest.mark.parametrize("which", [0, 1, 2],
+                         ids=["all-cores pass", "one-thread twin", "fixed-width one-row passes"])
 def test_outputs_that_differ_from_torch_fall_back_to_torch(first_start, fresh_model,
                                                             monkeypatch, which):
     from poolwire.models import openvino_backend
@@ -254,7 +255,7 @@ def test_outputs_that_differ_from_torch_fall_back_to_torch(first_start, fresh_mo
 
     def one_pass_off(self, *args):
         outputs = real(self, *args)
-        assert len(outputs) == 2, "the check runs the all-cores pass and the twin"
+        assert len(outputs) == 3, "the check runs all cores, the twin and row by row"
         outputs[which] = outputs[which] + 0.01
         return outputs
 
@@ -301,8 +302,11 @@ def test_a_fast_model_gets_a_one_thread_twin_that_computes_what_all_cores_do(fir
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 2088, 102, 0]])
     mask = (ids != 0).long()
     for forward in ("seq_logits", "token_logits"):
-        every_core, one_thread = backend.run_each(forward, ids, mask, torch.zeros_like(ids))
+        every_core, one_thread, row_by_row = backend.run_each(forward, ids, mask,
+                                                              torch.zeros_like(ids))
         assert torch.allclose(every_core, one_thread, atol=1e-6)
+        real = mask.bool() if forward == "token_logits" else slice(None)
+        assert torch.allclose(every_core[real], row_by_row[real], atol=1e-5)
         assert torch.equal(backend.run(forward, ids, mask, torch.zeros_like(ids)), one_thread)
 
 
@@ -321,10 +325,65 @@ def test_a_batch_knows_its_time_alone_only_where_the_twin_takes_it(first_start):
     assert backend.seconds_alone("hidden", 8) is None  # this model has no hidden pass
 
 
+def test_fixed_widths_hold_a_row_in_the_smallest_that_fits():
+    from poolwire.models.openvino_backend import fixed_width, padded_to
+
+    widths = (16, 32, 64)
+    assert [fixed_width(w, widths) for w in (1, 16, 17, 64, 65)] == [16, 16, 32, 64, None]
+    ids, mask = np.array([[101, 7, 102]]), np.ones((1, 3), dtype=np.int64)
+    padded_ids, padded_mask = padded_to((ids, mask), 16)
+    assert padded_ids.shape == padded_mask.shape == (1, 16) and padded_ids.dtype == np.int64
+    assert padded_ids[0, :3].tolist() == [101, 7, 102] and not padded_ids[0, 3:].any()
+    assert padded_mask[0].tolist() == [1] * 3 + [0] * 13
+
+
+def test_a_one_row_batch_runs_through_a_fixed_width_pass_with_the_same_outputs(first_start,
+                                                                               monkeypatch):
+    """A model with a twin compiles passes for one row of fixed widths; a one-row batch is
+    padded to the smallest that holds it and gives what the dynamic pass gives on its real
+    tokens (token rows cut back to its width), and a row past the widths, or a batch of two
+    rows, takes the dynamic passes. The start-up check's passes include that path."""
+    from poolwire.models import openvino_backend
+
+    _, backend = first_start
+    widths = sorted(backend._one_row["token_logits"])
+    assert widths == [w for w in openvino_backend.ONE_ROW_WIDTHS
+                      if w <= backend.model.max_length] and widths
+    assert f"one row in fixed widths {', '.join(map(str, widths))}" in backend.describe()
+    shapes = []
+    real_infer = openvino_backend._infer
+
+    def spied(compiled, arrays):
+        shapes.append(arrays[0].shape)
+        return real_infer(compiled, arrays)
+
+    monkeypatch.setattr(openvino_backend, "_infer", spied)
+    lengths = [3, widths[0], widths[0] + 1] + ([widths[-1] + 1] if widths[-1] <
+                                                backend.model.max_length else [])
+    for width in lengths:
+        ids = torch.arange(101, 101 + width).view(1, width)
+        mask, types = torch.ones_like(ids), torch.zeros_like(ids)
+        for forward in ("seq_logits", "token_logits"):
+            twin = backend._twins[forward].compiled
+            want = torch.from_numpy(real_infer(twin, (ids.numpy(), mask.numpy(), types.numpy())))
+            shapes.clear()
+            got = backend.run(forward, ids, mask, types)
+            fixed = openvino_backend.fixed_width(width, tuple(widths))
+            assert shapes == [(1, fixed or width)]
+            assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+    two = torch.arange(101, 105).view(2, 2)
+    shapes.clear()
+    backend.run("seq_logits", two, torch.ones_like(two), torch.zeros_like(two))
+    assert shapes == [(2, 2)]
+    assert len(backend.run_each("seq_logits", two, torch.ones_like(two),
+                                torch.zeros_like(two))) == 3  # all cores, twin, row by row
+
+
 def test_threads_the_operator_chose_get_no_twin(fresh_model, tmp_path):
     chosen = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path, threads=2)
     assert chosen.twins == {} and "one thread" not in chosen.describe()
     assert chosen.seconds_alone("seq_logits", 8) is None
+    assert chosen._one_row == {} and "fixed widths" not in chosen.describe()
 
 
 def test_the_start_up_timing_stops_once_it_knows_the_answer(monkeypatch):
