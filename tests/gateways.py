@@ -8,12 +8,25 @@ from pathlib import Path
 from poolwire.actors.nats_server import NatsServer
 
 
-def free_port() -> int:
-    """A port the OS calls free now: gateways need each other's listen port before either
-    starts, so the port cannot come from -p -1 as the client port does."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Attempts at starting the regions: their gateway and route ports are picked before any server
+# starts (each names the others'), so another process on this machine can take one in between
+# (a client's outgoing connection gets its port from the same range): the regions then start
+# again on other ports.
+START_ATTEMPTS = 3
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports the OS calls free now: gateways need each other's listen port before
+    either starts, so the ports cannot come from -p -1 as the client port does. All n are held
+    open together while picked, so none is handed out twice."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def gateway_conf(region: str, store: Path, gateways: dict[str, int], route_port: int) -> str:
@@ -33,19 +46,42 @@ def gateway_conf(region: str, store: Path, gateways: dict[str, int], route_port:
 def supercluster(root: Path, regions=("A", "B")):
     """{region: NatsServer}, each a one-server cluster named after its region, with a
     monitoring port (/gatewayz, /jsz). Stopped (by PID) on exit."""
-    ports = {region: free_port() for region in regions}
-    servers: dict[str, NatsServer] = {}
+    servers = _start_regions(root, regions)
     try:
-        for region in regions:
-            home = root / region
-            home.mkdir(parents=True)
-            conf = home / "server.conf"
-            conf.write_text(gateway_conf(region, home / "js", ports, free_port()))
-            # jetstream=False: the config carries the JetStream block with its store.
-            servers[region] = NatsServer(store_dir=home, config=conf, jetstream=False,
-                                         monitoring=True)
-            servers[region].start()
         yield servers
     finally:
         for server in servers.values():
             server.stop()
+
+
+def _start_regions(root: Path, regions) -> dict[str, NatsServer]:
+    attempt = 1
+    while True:
+        try:
+            return _try_regions(root / f"attempt-{attempt}", regions)
+        except RuntimeError as exc:
+            if "address already in use" not in str(exc) or attempt == START_ATTEMPTS:
+                raise
+            attempt += 1
+
+
+def _try_regions(root: Path, regions) -> dict[str, NatsServer]:
+    """Every region started on newly picked ports, or none (the started ones stopped)."""
+    picked = free_ports(2 * len(regions))
+    gateways = dict(zip(regions, picked))
+    servers: dict[str, NatsServer] = {}
+    try:
+        for region, route_port in zip(regions, picked[len(regions):]):
+            home = root / region
+            home.mkdir(parents=True)
+            conf = home / "server.conf"
+            conf.write_text(gateway_conf(region, home / "js", gateways, route_port))
+            # jetstream=False: the config carries the JetStream block with its store.
+            servers[region] = NatsServer(store_dir=home, config=conf, jetstream=False,
+                                         monitoring=True)
+            servers[region].start()
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers

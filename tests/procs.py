@@ -87,6 +87,10 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+# Attempts at starting a cluster whose route ports another process took meanwhile (start).
+START_ATTEMPTS = 3
+
+
 class NatsCluster:
     """Three JetStream nodes named A, B, C on 127.0.0.1, each stopped (or killed) by PID."""
 
@@ -94,11 +98,29 @@ class NatsCluster:
 
     def __init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="poolwire-cluster-")
-        self.root = Path(self._tmp.name)
+        self._top = Path(self._tmp.name)
+        self.root = self._top  # the nodes' folder: one per start attempt (start)
         self.procs: dict[str, subprocess.Popen] = {}
         self.urls: dict[str, str] = {}
 
     def start(self, timeout: float = 15.0) -> "NatsCluster":
+        """The three nodes, started again on other route ports (in a fresh folder) where
+        another process took one between picking and listening: a client's outgoing
+        connection gets its port from the same range."""
+        attempt = 1
+        while True:
+            self.root = self._top / f"attempt-{attempt}"
+            self.root.mkdir()
+            try:
+                return self._start_nodes(timeout)
+            except RuntimeError as exc:
+                self._stop_nodes()
+                if "address already in use" not in str(exc) or attempt >= START_ATTEMPTS:
+                    self._tmp.cleanup()
+                    raise
+            attempt += 1
+
+    def _start_nodes(self, timeout: float) -> "NatsCluster":
         routes = free_ports(len(self.names))
         route_list = ", ".join(f"nats-route://127.0.0.1:{p}" for p in routes)
         for name, route in zip(self.names, routes):
@@ -110,11 +132,7 @@ class NatsCluster:
             self._spawn(name)
         deadline = time.monotonic() + timeout
         for name in self.names:
-            try:
-                self.urls[name] = self._client_url(name, deadline)
-            except RuntimeError:
-                self.stop()
-                raise
+            self.urls[name] = self._client_url(name, deadline)
         return self
 
     def restart(self, name: str, timeout: float = 15.0) -> None:
@@ -156,6 +174,10 @@ class NatsCluster:
         self.procs[name].wait()
 
     def stop(self) -> None:
+        self._stop_nodes()
+        self._tmp.cleanup()
+
+    def _stop_nodes(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGTERM)
@@ -165,7 +187,7 @@ class NatsCluster:
                     proc.kill()
                     proc.wait()
         self.procs.clear()
-        self._tmp.cleanup()
+        self.urls.clear()
 
     def __enter__(self) -> "NatsCluster":
         return self.start()

@@ -274,3 +274,31 @@ async def test_a_result_whose_stream_is_away_is_stored_later_and_costs_no_delive
     assert consumer.delivered.consumer_seq == 1 and intake.redelivered == 0
     assert consumer.num_ack_pending == 0
     assert len(msgpack.unpackb(msg.data)["data"][0]["data"]) == minilm.embedding_size
+
+
+def test_a_cluster_starts_again_on_other_ports_when_a_route_port_was_taken(monkeypatch):
+    """The route ports are picked before the nodes start (each names the others); when
+    another process takes one meanwhile (a listening socket holds node C's here), the nodes
+    are stopped and start again on newly picked ports, in a fresh folder."""
+    import socket
+
+    from tests import procs
+
+    real = procs.free_ports
+    picks = []
+
+    def first_one_taken(n):
+        ports = real(n)
+        if not picks:
+            ports[-1] = taken.getsockname()[1]
+        picks.append(ports)
+        return ports
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(procs, "free_ports", first_one_taken)
+        with NatsCluster() as cluster:
+            assert len(picks) == 2 and set(cluster.urls) == {"A", "B", "C"}
+            assert cluster.root.name == "attempt-2" and not cluster.log("A").count("[FTL]")
+        assert not cluster.root.exists()  # the folder goes with the cluster

@@ -170,3 +170,30 @@ async def test_a_jobs_stream_placed_in_one_region_is_consumed_from_the_other(reg
         finally:
             await worker.stop()
     report("jobs across the gateway", jobs=10, seconds=f"{took:.2f}")
+
+
+def test_regions_start_again_on_other_ports_when_one_was_taken(tmp_path, monkeypatch):
+    """The regions' ports are picked before any server starts; when another process takes
+    one meanwhile (here a listening socket holds region B's route port), the started region
+    is stopped and both start again on newly picked ports."""
+    import socket
+
+    from tests import gateways
+
+    real = gateways.free_ports
+    picks = []
+
+    def first_one_taken(n):
+        ports = real(n)
+        if not picks:
+            ports[-1] = taken.getsockname()[1]
+        picks.append(ports)
+        return ports
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(gateways, "free_ports", first_one_taken)
+        with gateways.supercluster(tmp_path) as servers:
+            assert len(picks) == 2 and set(servers) == {"A", "B"}
+            assert all(server.url for server in servers.values())
