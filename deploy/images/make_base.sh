@@ -27,7 +27,9 @@ if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     log "$BASE_IMAGE is already loaded"
 else
     tarball=$CACHE/bookworm-py311.tar
-    if [ ! -s "$tarball" ]; then
+    # Anything but a non-empty regular file there is what an interrupted or older run left.
+    [ -f "$tarball" ] && [ -s "$tarball" ] || rm -rf "$tarball" "$tarball.part"
+    if [ ! -f "$tarball" ]; then
         command -v mmdebstrap >/dev/null || {
             log "installing mmdebstrap (Debian package)"
             DEBIAN_FRONTEND=noninteractive apt-get install -y -q mmdebstrap >/dev/null
@@ -40,7 +42,9 @@ else
         start=$(date +%s)
         # minbase: Essential packages and apt only (apt stays, for Dockerfile.gpu's compiler).
         # The venv: Debian's own Python refuses a system-wide `pip install` (PEP 668).
-        mmdebstrap --quiet --variant=minbase \
+        # --format=tar: mmdebstrap otherwise picks the format from the file name, and
+        # "*.tar.part" names none, so it would write a directory.
+        mmdebstrap --quiet --variant=minbase --format=tar \
             --include=python3,python3-venv,ca-certificates,wget,passwd \
             --customize-hook='chroot "$1" python3 -m venv /opt/venv' \
             --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
