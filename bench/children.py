@@ -28,7 +28,9 @@ def child_env(torch_threads: int | None = None) -> dict[str, str]:
         env.setdefault(name, value)
     if torch_threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(torch_threads)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # No PYTHONPATH to the checkout: its entries go before the installed packages, where the
+    # checkout's kernels/ stands for Hugging Face's `kernels` (bench/__init__.py). Children that
+    # import bench.* run as `python -m bench.<name>` from ROOT instead.
     return env
 
 

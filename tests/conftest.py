@@ -9,6 +9,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The checkout's root after the installed packages (bench/__init__.py says why): `python -m
+# pytest` puts it first, where its kernels/ would stand for Hugging Face's `kernels`.
+from bench import checkout_after_installed_packages  # noqa: E402
+
+checkout_after_installed_packages()
+
 import contextlib  # noqa: E402
 import itertools  # noqa: E402
 import random  # noqa: E402
