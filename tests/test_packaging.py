@@ -27,6 +27,23 @@ def run(*cmd, **kw) -> subprocess.CompletedProcess:
     return out
 
 
+def test_the_checkout_comes_after_the_installed_packages_on_sys_path():
+    """`python -m pytest` from the checkout put its root first, where its kernels/ stood for
+    Hugging Face's `kernels` and transformers 5.25 failed to import (bench/__init__.py)."""
+    entries = [Path(p or ".").resolve() for p in sys.path]
+    site = [i for i, p in enumerate(entries) if p.name == "site-packages"]
+    roots = [i for i, p in enumerate(entries) if p == ROOT]
+    assert site and roots and min(roots) > max(site), sys.path
+
+
+def test_a_bench_child_imports_sentence_transformers_from_the_checkout():
+    """Bench children run as `python -m bench.<name>` from the checkout's root, which puts the
+    root first; importing bench moves it behind the installed packages."""
+    out = run(sys.executable, "-c", "import bench, sentence_transformers, kernels; "
+              "print(kernels.__file__)", cwd=ROOT)
+    assert "site-packages" in Path(out.stdout.strip()).parts, out.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_wheel_installs_only_poolwire_beside_hugging_faces_kernels(tmp_path):
