@@ -2,10 +2,10 @@
 supercluster), each with JetStream. For tests/test_gateways_e2e.py."""
 
 import contextlib
-import socket
 from pathlib import Path
 
 from poolwire.actors.nats_server import NatsServer
+from tests import procs
 
 
 # Attempts at starting the regions: their gateway and route ports are picked before any server
@@ -13,20 +13,6 @@ from poolwire.actors.nats_server import NatsServer
 # (a client's outgoing connection gets its port from the same range): the regions then start
 # again on other ports.
 START_ATTEMPTS = 3
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct ports the OS calls free now: gateways need each other's listen port before
-    either starts, so the ports cannot come from -p -1 as the client port does. All n are held
-    open together while picked, so none is handed out twice."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def gateway_conf(region: str, store: Path, gateways: dict[str, int], route_port: int) -> str:
@@ -67,7 +53,7 @@ def _start_regions(root: Path, regions) -> dict[str, NatsServer]:
 
 def _try_regions(root: Path, regions) -> dict[str, NatsServer]:
     """Every region started on newly picked ports, or none (the started ones stopped)."""
-    picked = free_ports(2 * len(regions))
+    picked = procs.free_ports(2 * len(regions))
     gateways = dict(zip(regions, picked))
     servers: dict[str, NatsServer] = {}
     try:

@@ -87,6 +87,22 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def first_pick_taken(monkeypatch, taken_port: int) -> list[list[int]]:
+    """Make free_ports's first pick end with `taken_port` (a port another process holds), as a
+    race with another process would; returns every pick made, for the test to count."""
+    real, picks = free_ports, []
+
+    def picked(n: int) -> list[int]:
+        ports = real(n)
+        if not picks:
+            ports[-1] = taken_port
+        picks.append(ports)
+        return ports
+
+    monkeypatch.setattr(sys.modules[__name__], "free_ports", picked)
+    return picks
+
+
 # Attempts at starting a cluster whose route ports another process took meanwhile (start).
 START_ATTEMPTS = 3
 

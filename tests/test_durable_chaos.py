@@ -284,20 +284,10 @@ def test_a_cluster_starts_again_on_other_ports_when_a_route_port_was_taken(monke
 
     from tests import procs
 
-    real = procs.free_ports
-    picks = []
-
-    def first_one_taken(n):
-        ports = real(n)
-        if not picks:
-            ports[-1] = taken.getsockname()[1]
-        picks.append(ports)
-        return ports
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        monkeypatch.setattr(procs, "free_ports", first_one_taken)
+        picks = procs.first_pick_taken(monkeypatch, taken.getsockname()[1])
         with NatsCluster() as cluster:
             assert len(picks) == 2 and set(cluster.urls) == {"A", "B", "C"}
             assert cluster.root.name == "attempt-2" and not cluster.log("A").count("[FTL]")

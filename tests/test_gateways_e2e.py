@@ -178,22 +178,12 @@ def test_regions_start_again_on_other_ports_when_one_was_taken(tmp_path, monkeyp
     is stopped and both start again on newly picked ports."""
     import socket
 
-    from tests import gateways
-
-    real = gateways.free_ports
-    picks = []
-
-    def first_one_taken(n):
-        ports = real(n)
-        if not picks:
-            ports[-1] = taken.getsockname()[1]
-        picks.append(ports)
-        return ports
+    from tests import gateways, procs
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        monkeypatch.setattr(gateways, "free_ports", first_one_taken)
+        picks = procs.first_pick_taken(monkeypatch, taken.getsockname()[1])
         with gateways.supercluster(tmp_path) as servers:
             assert len(picks) == 2 and set(servers) == {"A", "B"}
             assert all(server.url for server in servers.values())
