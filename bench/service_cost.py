@@ -172,9 +172,12 @@ class Side:
     latencies_ms: list[float] = field(default_factory=list)
     errors: int = 0
     cpu_s: dict[str, float] = field(default_factory=dict)
-    # The workers' forward passes and the sequences in them over these rounds ($SRV.STATS).
+    # The workers' forward passes, the sequences in them and the wall seconds they took (the
+    # padding, the model and the pooling: their `forward` and `pool` stages) over these rounds
+    # ($SRV.STATS).
     batches: int = 0
     sequences: int = 0
+    pass_s: float = 0.0
 
     @property
     def texts_per_s(self) -> float:
@@ -187,6 +190,12 @@ class Side:
     @property
     def mean_batch(self) -> float:
         return self.sequences / self.batches if self.batches else float("nan")
+
+    @property
+    def pass_ms(self) -> float:
+        """A forward pass's mean wall time under this load: against what the same batch takes
+        alone (bench/idle_penalty.py), what sharing the machine costs the model."""
+        return 1000 * self.pass_s / self.batches if self.batches else float("nan")
 
 
 @dataclass
@@ -222,10 +231,11 @@ def markdown(results: list[ShapeResult], machine_line: str, command: str,
         out.append(f"| {r.shape.label} | {bare} | {pool} | {ratio} | {r.load_average:.2f} | "
                    f"{r.background_cores:.2f} |")
     out += ["", "CPU per text, ms (the worker's by thread; the responder's whole process), and "
-                "the worker's mean sequences a forward pass:", "",
+                "the worker's forward passes: mean sequences a pass and mean wall time a pass "
+                "(padding, model and pooling):", "",
             "| setup | event loop | tokenize | forward | backend threads | worker total | responder "
-            "| sequences a pass |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| sequences a pass | ms a pass |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         c, n = r.poolwire.cpu_s, max(r.poolwire.texts, 1)
         per = {k: 1000 * v / n for k, v in c.items()}
@@ -233,7 +243,7 @@ def markdown(results: list[ShapeResult], machine_line: str, command: str,
         out.append(f"| {r.shape.label} | {per.get('event loop', 0):.3f} "
                    f"| {per.get('tokenize', 0):.3f} | {per.get('forward', 0):.3f} "
                    f"| {per.get('backend threads', 0):.3f} | {sum(per.values()):.3f} | {bare:.3f} "
-                   f"| {r.poolwire.mean_batch:.1f} |")
+                   f"| {r.poolwire.mean_batch:.1f} | {r.poolwire.pass_ms:.2f} |")
     names = sorted({n for r in results for n in r.backend_threads})
     errors = sum(r.poolwire.errors + r.bare.errors for r in results)
     out += ["", f"backend threads seen: {', '.join(names) or 'none'}. Errors: {errors}. "
@@ -267,19 +277,21 @@ async def _load(nc, subject: str, bodies: list[bytes], in_flight: int,
     return time.perf_counter() - t0, latencies, replies
 
 
-async def batch_counts(nc, workers: int, timeout: float = 5.0) -> tuple[int, int]:
-    """(forward passes, sequences in them) so far, summed over every worker: each answers
-    `$SRV.STATS.poolwire` with its stage stats (actors/stats.py)."""
+async def batch_counts(nc, workers: int, timeout: float = 5.0) -> tuple[int, int, float]:
+    """(forward passes, sequences in them, their wall seconds) so far, summed over every
+    worker: each answers `$SRV.STATS.poolwire` with its stage stats (actors/stats.py)."""
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     try:
         await nc.publish("$SRV.STATS.poolwire", b"", reply=inbox)
         batches = sequences = 0
+        seconds = 0.0
         for _ in range(workers):
             data = json.loads((await sub.next_msg(timeout=timeout)).data)["endpoints"][0]["data"]
             batches += data["batches"]
             sequences += data["sequences"]
-        return batches, sequences
+            seconds += data["seconds"]["forward"] + data["seconds"]["pool"]
+        return batches, sequences, seconds
     finally:
         await sub.unsubscribe()
 
@@ -337,9 +349,10 @@ async def measure(url: str, worker_pids: list[int], responder_pid: int, shapes: 
                         passes = await batch_counts(nc, len(worker_pids))
                     wall, lat, replies = await _load(nc, subject, bodies, shape.in_flight, timeout)
                     if who == "poolwire":
-                        batches, sequences = await batch_counts(nc, len(worker_pids))
+                        batches, sequences, seconds = await batch_counts(nc, len(worker_pids))
                         side.batches += batches - passes[0]
                         side.sequences += sequences - passes[1]
+                        side.pass_s += seconds - passes[2]
                         for pid in worker_pids:  # summed over every worker process
                             groups, seen = cpu_by_group(pid, before_t[pid], threads_cpu(pid))
                             names.update(seen)
@@ -448,7 +461,7 @@ def to_json(results: list[ShapeResult]) -> list[dict]:
             s = getattr(r, side)
             d[side] = {"texts": s.texts, "wall_s": s.wall_s, "texts_per_s": s.texts_per_s,
                        "median_ms": s.median_ms, "errors": s.errors, "cpu_s": s.cpu_s,
-                       "batches": s.batches, "sequences": s.sequences}
+                       "batches": s.batches, "sequences": s.sequences, "pass_s": s.pass_s}
         out.append(d)
     return out
 
