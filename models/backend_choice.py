@@ -103,7 +103,7 @@ def check_batch(model: LoadedModel):
     types = [(r.get("token_type_ids") or [0] * len(r["input_ids"]))[: model.max_length]
              for r in rows]
     width = max(map(len, ids))
-    pad = tok.pad_token_id or 0
+    pad = model.pad_id
     out = torch.full((len(ids), width), pad, dtype=torch.long)
     mask = torch.zeros_like(out)
     segments = torch.zeros_like(out)

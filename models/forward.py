@@ -61,9 +61,10 @@ def run_batch(backend: Backend, seqs: list[TokenSeq], specs: list[PoolSpec]) -> 
         return run_towers(backend, seqs, specs)
     model = backend.model
     started = time.perf_counter()
-    pad_id = model.tokenizer.pad_token_id or 0
-    ids, mask, types, lengths = (t.to(backend.device, non_blocking=True)
-                                 for t in pad_batch(seqs, pad_id))
+    device = backend.device
+    padded = pad_batch(seqs, model.pad_id)
+    ids, mask, types, lengths = padded if device.type == "cpu" else (
+        t.to(device, non_blocking=True) for t in padded)
     if model.adapters is None:
         out = backend.run(forward, ids, mask, types)
     else:

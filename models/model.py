@@ -156,6 +156,13 @@ class LoadedModel:
         if not self.embedding_size:
             self.embedding_size = self.hidden_size
 
+    @functools.cached_property
+    def pad_id(self) -> int:
+        """The id a batch's padding is filled with: the tokenizer's pad token, else 0. Read
+        once: the tokenizer's attribute goes through transformers' __getattr__ on every read,
+        a few microseconds of every forward pass."""
+        return self.tokenizer.pad_token_id or 0
+
     @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device

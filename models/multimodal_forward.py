@@ -26,7 +26,7 @@ def run_towers(backend, seqs: list, specs: list[PoolSpec]) -> BatchResult:
                 if stacked.is_floating_point() else stacked.to(backend.device)
         out = backend.run_images(inputs)                                  # [B, D]
     else:
-        pad_id = model.tokenizer.pad_token_id or 0
+        pad_id = model.pad_id
         ids, mask, types, _ = pad_batch(seqs, pad_id)
         if towers.pad_text_to and ids.shape[1] < towers.pad_text_to:
             extra = towers.pad_text_to - ids.shape[1]

@@ -326,13 +326,15 @@ def test_a_batch_knows_its_time_alone_only_where_the_twin_takes_it(first_start):
 
 
 def test_fixed_widths_hold_a_row_in_the_smallest_that_fits():
-    from poolwire.models.openvino_backend import fixed_width, padded_to
+    from poolwire.models.openvino_backend import fixed_width, pad_into
 
     widths = (16, 32, 64)
     assert [fixed_width(w, widths) for w in (1, 16, 17, 64, 65)] == [16, 16, 32, 64, None]
+    # The pass's own buffers, still holding a longer row written before: they are reused.
+    rows = (np.full((1, 16), 9, dtype=np.int64), np.ones((1, 16), dtype=np.int64))
     ids, mask = np.array([[101, 7, 102]]), np.ones((1, 3), dtype=np.int64)
-    padded_ids, padded_mask = padded_to((ids, mask), 16)
-    assert padded_ids.shape == padded_mask.shape == (1, 16) and padded_ids.dtype == np.int64
+    pad_into(rows, (ids, mask))
+    padded_ids, padded_mask = rows
     assert padded_ids[0, :3].tolist() == [101, 7, 102] and not padded_ids[0, 3:].any()
     assert padded_mask[0].tolist() == [1] * 3 + [0] * 13
 
@@ -353,11 +355,18 @@ def test_a_one_row_batch_runs_through_a_fixed_width_pass_with_the_same_outputs(f
     shapes = []
     real_infer = openvino_backend._infer
 
+    real_row = openvino_backend._OneRow.infer
+
     def spied(compiled, arrays):
         shapes.append(arrays[0].shape)
         return real_infer(compiled, arrays)
 
+    def spied_row(one_row, arrays):  # a fixed pass: the shape of the buffers it owns
+        shapes.append(next(iter(one_row.rows.values())).shape)
+        return real_row(one_row, arrays)
+
     monkeypatch.setattr(openvino_backend, "_infer", spied)
+    monkeypatch.setattr(openvino_backend._OneRow, "infer", spied_row)
     lengths = [3, widths[0], widths[0] + 1] + ([widths[-1] + 1] if widths[-1] <
                                                 backend.model.max_length else [])
     for width in lengths:
