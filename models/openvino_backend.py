@@ -193,14 +193,13 @@ def fixed_width(width: int, widths: tuple[int, ...]) -> int | None:
     return next((w for w in widths if w >= width), None)
 
 
-def pad_into(rows: tuple[np.ndarray, ...], arrays: tuple[np.ndarray, ...]) -> None:
-    """One-row ids, mask and segment ids written into `rows` ([1, width] each), right-padded
+def pad_into(row: np.ndarray, array: np.ndarray) -> None:
+    """A one-row input (ids, mask or segment ids) written into a [1, width] buffer, right-padded
     with zeros: id 0 exists in every vocabulary, and the mask's zeros keep it out of every real
     token."""
-    for row, array in zip(rows, arrays):
-        width = array.shape[1]
-        row[:, :width] = array
-        row[:, width:] = 0
+    width = array.shape[1]
+    row[:, :width] = array
+    row[:, width:] = 0
 
 
 class _OneRow:
@@ -217,7 +216,8 @@ class _OneRow:
 
     def infer(self, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
         given = dict(zip(INPUTS, arrays))
-        pad_into(tuple(self.rows.values()), tuple(given[name] for name in self.rows))
+        for name, row in self.rows.items():
+            pad_into(row, given[name])
         request = self.compiled.request
         request.infer()
         return request.get_output_tensor(0).data.copy()

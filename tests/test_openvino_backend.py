@@ -333,7 +333,8 @@ def test_fixed_widths_hold_a_row_in_the_smallest_that_fits():
     # The pass's own buffers, still holding a longer row written before: they are reused.
     rows = (np.full((1, 16), 9, dtype=np.int64), np.ones((1, 16), dtype=np.int64))
     ids, mask = np.array([[101, 7, 102]]), np.ones((1, 3), dtype=np.int64)
-    pad_into(rows, (ids, mask))
+    for row, array in zip(rows, (ids, mask)):
+        pad_into(row, array)
     padded_ids, padded_mask = rows
     assert padded_ids[0, :3].tolist() == [101, 7, 102] and not padded_ids[0, 3:].any()
     assert padded_mask[0].tolist() == [1] * 3 + [0] * 13
@@ -354,7 +355,6 @@ def test_a_one_row_batch_runs_through_a_fixed_width_pass_with_the_same_outputs(f
     assert f"one row in fixed widths {', '.join(map(str, widths))}" in backend.describe()
     shapes = []
     real_infer = openvino_backend._infer
-
     real_row = openvino_backend._OneRow.infer
 
     def spied(compiled, arrays):
