@@ -4,6 +4,7 @@ answered whatever that thread does; and the batching wait, which ends once nothi
 its way."""
 
 import asyncio
+import gc
 
 import msgpack
 import numpy as np
@@ -156,3 +157,25 @@ async def test_a_quick_batch_of_an_idle_engine_is_computed_on_the_loop(
         monkeypatch.setattr(engine_module, "run_batch", real_batch)
         assert np.array_equal(await _lone_vector(nc, prefix, TEXTS[0]), threaded)
         assert worker.engine.failures == 0  # answered as its batch's failure, not a crash
+
+
+async def test_an_answered_request_is_freed_with_its_reply_not_by_the_collector(
+        minilm, start_worker, nc, prefix):
+    """Nothing of an answered request waits for a garbage collection: with the collector off,
+    no InFlight is left once every reply is in, neither of the requests that went through the
+    tokenize thread and the forward thread nor of the lone one. A flight's queued items point
+    back at it, and that cycle kept each request's job, plan and sequences alive until a
+    collection, whose passes cost the event loop about 4% at 64 requests in flight."""
+    from poolwire.actors.engine import InFlight
+
+    gc.collect()
+    gc.disable()
+    try:
+        async with start_worker(minilm) as worker:
+            replies = await _embed_all(nc, prefix)
+            assert all("error" not in r for r in replies) and len(replies) == 21
+            assert not worker.engine._inflight
+            left = [o for o in gc.get_objects() if isinstance(o, InFlight)]
+            assert left == [], f"{len(left)} answered requests wait for the collector"
+    finally:
+        gc.enable()
