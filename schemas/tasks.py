@@ -26,11 +26,18 @@ TASK_ORDER: tuple[Task, ...] = (
 TOKEN_LEVEL_TASKS = frozenset({Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY})
 
 
-def parse_task(name: str) -> Task | None:
+# By name: Task(name) goes through Enum's Python-level __call__ and __new__, a few microseconds
+# on every request (bench/service_cost.py's profile); a dict lookup is a fraction of one.
+_BY_NAME: dict[str, Task] = {task.value: task for task in Task}
+
+
+def parse_task(name) -> Task | None:
     """The task a subject's last token names, or None for a name that is no task at all."""
+    if isinstance(name, Task):  # Enum hashes a member by its Python name, not its value
+        return name
     try:
-        return Task(name)
-    except ValueError:
+        return _BY_NAME.get(name)
+    except TypeError:  # unhashable: no task
         return None
 
 

@@ -5,9 +5,16 @@ import pytest
 
 from poolwire.actors.task_policy import (TaskConfigError, TaskPolicy, Verdict, configured_task,
                                 score_task, score_uses_configured_task, supported_tasks)
-from poolwire.schemas.tasks import Task
+from poolwire.schemas.tasks import Task, parse_task
 
 E, C, S, TE, TC = Task.EMBED, Task.CLASSIFY, Task.SCORE, Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY
+
+
+def test_a_subject_token_names_a_task_by_its_wire_name_only():
+    assert [parse_task(t.value) for t in Task] == list(Task)
+    assert parse_task(Task.SCORE) is Task.SCORE  # a member is its own task
+    for other in ("EMBED", "Embed", "embed ", "", "rerank", None, 3, ["embed"]):
+        assert parse_task(other) is None
 
 
 @pytest.mark.parametrize("kind, labels, per_token, expected", [
