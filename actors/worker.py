@@ -29,7 +29,7 @@ from poolwire.models.model_fields import ModelFacts
 from poolwire.actors.queue_guard import Member, QueueConflictError, ensure_alone_or_alike
 from poolwire.actors.replier import Replier
 from poolwire.actors.runtime import Supervisor
-from poolwire.actors.stats import StageStats
+from poolwire.actors.stats import CollectorTime, StageStats
 from poolwire.actors.result_cache import Identity, ResultCache, fingerprint
 from poolwire.actors.tracing import Tracing
 from poolwire.actors.task_policy import (TaskPolicy, configured_task, embedding_kind,
@@ -119,6 +119,7 @@ class Worker:
         self.pipeline = pipeline_spec(settings, self.policy) if settings.pipeline_stream else None
         self.worker_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = StageStats()
+        self.collector = CollectorTime()  # installed while the worker runs
         self.tracing = Tracing.configure(settings.otlp_endpoint)
         self.metrics = WorkerMetrics()
         self.cache = self._result_cache() if settings.cache_bucket else None
@@ -154,6 +155,7 @@ class Worker:
         # by default, before the loop gets it back. With the path at tens of microseconds a
         # request that wait was most of a request's time (bench/service_cost.py's profile).
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self.collector.install()
 
         async def link_changed() -> None:
             if self.watchdog is not None:
@@ -292,7 +294,8 @@ class Worker:
             return {"num_requests": requests, "num_errors": replier.errors_sent,
                     "last_error": replier.last_error, "processing_time": busy_ns,
                     "average_processing_time": busy_ns // requests if requests else 0,
-                    "data": {**self.stats.snapshot(), "batching": self.batching_stats(),
+                    "data": {**self.stats.snapshot(), "gc": self.collector.snapshot(),
+                             "batching": self.batching_stats(),
                              "backend": self.backend.describe(),
                              **{i.name: i.counters() for i in self.intakes},
                              **({"cache": self.cache.counters()} if self.cache else {})}}
@@ -311,6 +314,7 @@ class Worker:
     async def stop(self, drain_timeout_s: float | None = None) -> None:
         """Drain: stop intake, answer everything in flight (up to drain_timeout_s), then close.
         Each step is bounded, so a lost server connection cannot hang the shutdown."""
+        self.collector.remove()
         if self.nc is None:
             return
         if self.watchdog is not None:

@@ -178,6 +178,7 @@ class Side:
     batches: int = 0
     sequences: int = 0
     pass_s: float = 0.0
+    gc_s: float = 0.0  # the workers' garbage collections, on whichever thread ran them
 
     @property
     def texts_per_s(self) -> float:
@@ -232,10 +233,11 @@ def markdown(results: list[ShapeResult], machine_line: str, command: str,
                    f"{r.background_cores:.2f} |")
     out += ["", "CPU per text, ms (the worker's by thread; the responder's whole process), and "
                 "the worker's forward passes: mean sequences a pass and mean wall time a pass "
-                "(padding, model and pooling):", "",
+                "(padding, model and pooling); GC: the wall time the garbage collector held the "
+                "worker, a text, whichever thread ran it (part of the threads' figures):", "",
             "| setup | event loop | tokenize | forward | backend threads | worker total | responder "
-            "| sequences a pass | ms a pass |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| GC | sequences a pass | ms a pass |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         c, n = r.poolwire.cpu_s, max(r.poolwire.texts, 1)
         per = {k: 1000 * v / n for k, v in c.items()}
@@ -243,6 +245,7 @@ def markdown(results: list[ShapeResult], machine_line: str, command: str,
         out.append(f"| {r.shape.label} | {per.get('event loop', 0):.3f} "
                    f"| {per.get('tokenize', 0):.3f} | {per.get('forward', 0):.3f} "
                    f"| {per.get('backend threads', 0):.3f} | {sum(per.values()):.3f} | {bare:.3f} "
+                   f"| {1000 * r.poolwire.gc_s / n:.3f} "
                    f"| {r.poolwire.mean_batch:.1f} | {r.poolwire.pass_ms:.2f} |")
     names = sorted({n for r in results for n in r.backend_threads})
     errors = sum(r.poolwire.errors + r.bare.errors for r in results)
@@ -277,21 +280,32 @@ async def _load(nc, subject: str, bodies: list[bytes], in_flight: int,
     return time.perf_counter() - t0, latencies, replies
 
 
-async def batch_counts(nc, workers: int, timeout: float = 5.0) -> tuple[int, int, float]:
-    """(forward passes, sequences in them, their wall seconds) so far, summed over every
-    worker: each answers `$SRV.STATS.poolwire` with its stage stats (actors/stats.py)."""
+@dataclass(frozen=True)
+class WorkerCounts:
+    """What the workers' `$SRV.STATS` say so far, summed over every worker."""
+
+    batches: int       # forward passes
+    sequences: int     # sequences in them
+    pass_s: float      # their wall seconds (the `forward` and `pool` stages)
+    gc_s: float        # seconds the garbage collector held the worker processes
+
+
+async def batch_counts(nc, workers: int, timeout: float = 5.0) -> WorkerCounts:
+    """Every worker answers `$SRV.STATS.poolwire` with its stage stats and its collector's
+    time (actors/stats.py); the sums."""
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     try:
         await nc.publish("$SRV.STATS.poolwire", b"", reply=inbox)
         batches = sequences = 0
-        seconds = 0.0
+        seconds = gc_s = 0.0
         for _ in range(workers):
             data = json.loads((await sub.next_msg(timeout=timeout)).data)["endpoints"][0]["data"]
             batches += data["batches"]
             sequences += data["sequences"]
             seconds += data["seconds"]["forward"] + data["seconds"]["pool"]
-        return batches, sequences, seconds
+            gc_s += sum(data["gc"]["seconds"])
+        return WorkerCounts(batches, sequences, seconds, gc_s)
     finally:
         await sub.unsubscribe()
 
@@ -346,13 +360,14 @@ async def measure(url: str, worker_pids: list[int], responder_pid: int, shapes: 
                     before_t = {pid: threads_cpu(pid) for pid in worker_pids}
                     before_r = process_cpu_s(responder_pid)
                     if who == "poolwire":
-                        passes = await batch_counts(nc, len(worker_pids))
+                        before = await batch_counts(nc, len(worker_pids))
                     wall, lat, replies = await _load(nc, subject, bodies, shape.in_flight, timeout)
                     if who == "poolwire":
-                        batches, sequences, seconds = await batch_counts(nc, len(worker_pids))
-                        side.batches += batches - passes[0]
-                        side.sequences += sequences - passes[1]
-                        side.pass_s += seconds - passes[2]
+                        after = await batch_counts(nc, len(worker_pids))
+                        side.batches += after.batches - before.batches
+                        side.sequences += after.sequences - before.sequences
+                        side.pass_s += after.pass_s - before.pass_s
+                        side.gc_s += after.gc_s - before.gc_s
                         for pid in worker_pids:  # summed over every worker process
                             groups, seen = cpu_by_group(pid, before_t[pid], threads_cpu(pid))
                             names.update(seen)
@@ -461,7 +476,8 @@ def to_json(results: list[ShapeResult]) -> list[dict]:
             s = getattr(r, side)
             d[side] = {"texts": s.texts, "wall_s": s.wall_s, "texts_per_s": s.texts_per_s,
                        "median_ms": s.median_ms, "errors": s.errors, "cpu_s": s.cpu_s,
-                       "batches": s.batches, "sequences": s.sequences, "pass_s": s.pass_s}
+                       "batches": s.batches, "sequences": s.sequences, "pass_s": s.pass_s,
+                       "gc_s": s.gc_s}
         out.append(d)
     return out
 

@@ -31,14 +31,14 @@ def test_cpu_split_counts_only_what_each_thread_spent_meanwhile():
 
 
 def test_table_shows_ratios_each_way_and_cpu_per_text():
-    def side(texts, wall, lat, cpu, batches=0, sequences=0, pass_s=0.0):
+    def side(texts, wall, lat, cpu, batches=0, sequences=0, pass_s=0.0, gc_s=0.0):
         return sc.Side(texts=texts, wall_s=wall, latencies_ms=lat, cpu_s=cpu, batches=batches,
-                       sequences=sequences, pass_s=pass_s)
+                       sequences=sequences, pass_s=pass_s, gc_s=gc_s)
 
     rows = [sc.ShapeResult(sc.SHAPES[0], side(1000, 1.0, [1.0], {"process": 0.01}),
                            side(1000, 2.0, [2.0], {"event loop": 0.2, "tokenize": 0.05,
                                                    "forward": 0.1, "backend threads": 0.0},
-                                batches=80, sequences=1000, pass_s=0.2),
+                                batches=80, sequences=1000, pass_s=0.2, gc_s=0.015),
                            [], 1.5, 0.25),
             sc.ShapeResult(sc.SHAPES[2], side(10, 1.0, [0.2, 0.25, 0.3], {"process": 0.001}),
                            side(10, 1.0, [0.5, 0.6, 0.7], {"event loop": 0.01}), [], 1.5, 0.25)]
@@ -47,11 +47,12 @@ def test_table_shows_ratios_each_way_and_cpu_per_text():
     assert "| one request at a time, median round trip | 0.25 ms | 0.60 ms | 2.40x |" in text
     assert "poolwire, near-zero model, 2 processes" in text
     # 0.35 s of the worker's CPU over 1,000 texts: 0.35 ms a text; the responder 0.01 ms.
+    # 15 ms of garbage collection over 1,000 texts: 0.015 ms a text.
     # 1,000 sequences in 80 forward passes: 12.5 a pass; 0.2 s over them: 2.50 ms a pass.
     assert ("| 1 text a request, 64 in flight | 0.200 | 0.050 | 0.100 | 0.000 | 0.350 | 0.010 "
-            "| 12.5 | 2.50 |" in text)
+            "| 0.015 | 12.5 | 2.50 |" in text)
     # No passes: neither their size nor their time (and nowhere else a nan).
-    assert text.count("nan") == 2 and "| 1.000 | 0.100 | nan | nan |" in text
+    assert text.count("nan") == 2 and "| 1.000 | 0.100 | 0.000 | nan | nan |" in text
     assert "CPU: 2 CPU cores (test)" in text and "command: cmd" in text
 
 
@@ -86,5 +87,6 @@ def test_a_tiny_run_answers_every_request_on_both_sides(tmp_path, capsys):
         assert r["poolwire"]["sequences"] == r["poolwire"]["texts"]
         assert 1 <= r["poolwire"]["batches"] <= r["poolwire"]["sequences"]
         assert r["poolwire"]["pass_s"] > 0  # from the workers' forward and pool stages
+        assert r["poolwire"]["gc_s"] >= 0  # the workers' collector time, from the same reply
     assert sum(sum(r["poolwire"]["cpu_s"].values()) for r in results) > 0
     assert text.count("texts/s") >= 2 and "median round trip" in text

@@ -45,3 +45,7 @@ async def test_ping_info_and_stats_of_two_workers(minilm, start_worker, nc, pref
         assert set(d["seconds"]) == {"decode", "validate", "tokenize", "plan", "forward", "pool",
                                      "encode", "publish"}
     assert any(d["seconds"]["forward"] > 0 for d in data)
+    # The garbage collector's passes since each worker started, by generation (actors/stats.py).
+    for d in data:
+        assert len(d["gc"]["collections"]) == len(d["gc"]["seconds"]) == 3
+        assert all(s >= 0 for s in d["gc"]["seconds"])

@@ -97,3 +97,26 @@ async def test_a_crashing_background_loop_is_restarted():
     await asyncio.wait_for(finished.wait(), 5)
     await supervisor.stop()
     assert runs == [0, 1, 2]
+
+
+def test_collector_time_counts_collections_only_while_installed():
+    import gc
+
+    from poolwire.actors.stats import CollectorTime
+
+    collector = CollectorTime()
+    gc.collect()
+    assert collector.snapshot() == {"collections": [0, 0, 0], "seconds": [0.0, 0.0, 0.0]}
+    collector.install()
+    collector.install()  # once only: a second install does not count twice
+    try:
+        gc.collect(0)
+        gc.collect()
+    finally:
+        collector.remove()
+    counted = collector.snapshot()
+    assert counted["collections"][0] >= 1 and counted["collections"][2] >= 1
+    assert counted["seconds"][2] > 0 and all(s >= 0 for s in counted["seconds"])
+    gc.collect()  # removed: no longer counted
+    assert collector.snapshot() == counted
+    collector.remove()  # removing twice is harmless
