@@ -489,8 +489,10 @@ class EngineActor(Actor):
             self._wake.set()
             if span is not None:
                 self._tracing.forward_ended(span, result if isinstance(result, Exception) else None)
-        if previous is not None:
-            await asyncio.wait([previous])  # deliver in batch order: a request's frames stay ordered
+        if previous is not None and not previous.done():
+            # Deliver in batch order: a request's frames stay ordered. (Only on a task not done
+            # yet: a wait on a done one still costs a turn of the event loop.)
+            await asyncio.wait([previous])
         flights = {item.payload[0] for item in batch}
         try:
             if isinstance(result, Exception):
