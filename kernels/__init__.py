@@ -9,7 +9,7 @@ implementation directly, for tests and benchmarks.
 
 from .dispatch import (TRITON_AVAILABLE, activation, backend_for, describe_backend, seq_pool,
                        token_pool)
-from .numpy_ops import activation_numpy, seq_pool_numpy, token_pool_numpy
+from .numpy_ops import activation_numpy, seq_pool_numpy, seq_pool_row, token_pool_numpy
 from .reference import activation_reference, seq_pool_reference, token_pool_reference
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "seq_pool",
     "seq_pool_numpy",
     "seq_pool_reference",
+    "seq_pool_row",
     "token_pool",
     "token_pool_numpy",
     "token_pool_reference",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._checks import check_activation, check_pool
+from ._checks import POOL_METHODS, check_activation, check_pool
 from .reference import NORM_EPS
 
 
@@ -32,13 +32,13 @@ def _floats(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy().astype(np.float32, copy=False)
 
 
-def _head(pooled: np.ndarray, width: int, normalize: bool) -> torch.Tensor:
+def _head(pooled: np.ndarray, width: int, normalize: bool) -> np.ndarray:
     """Matryoshka: keep the leading `width` features, then normalise what was kept."""
     pooled = pooled[:, :width]
     if normalize:
         norms = np.sqrt(np.einsum("ij,ij->i", pooled, pooled))
         pooled = pooled / np.maximum(norms, np.float32(NORM_EPS))[:, None]
-    return torch.from_numpy(np.ascontiguousarray(pooled, dtype=np.float32))
+    return np.ascontiguousarray(pooled, dtype=np.float32)
 
 
 def _lengths(lengths: torch.Tensor) -> np.ndarray:
@@ -55,20 +55,48 @@ def seq_pool_numpy(
 ) -> torch.Tensor:
     """[B, T, H] padded hidden states -> [B, D] float32, one vector per sequence."""
     shape = check_pool(hidden, lengths, dimensions, method)
-    x, counts = _floats(hidden), _lengths(lengths)
+    pooled = _pooled(_floats(hidden), _lengths(lengths), method)
+    return torch.from_numpy(_head(pooled, shape.width, normalize))
+
+
+def _pooled(x: np.ndarray, counts: np.ndarray, method: str) -> np.ndarray:
+    """[B, T, H] float32 padded hidden states and their [B] real lengths -> [B, H]."""
     if method == "cls":
-        pooled = x[:, 0]
-    elif method == "last":
-        pooled = x[np.arange(shape.batch), counts - 1]
-    else:
-        real = np.arange(shape.tokens)[None, :] < counts[:, None]  # [B, T]
-        # The sum, then the division, as the reference does: a product with 1 / length
-        # per token would round differently (a mean of ones would not be exactly one).
-        summed = np.matmul(real.astype(np.float32)[:, None, :], x)[:, 0]  # [B, 1, T] @ [B, T, H]
-        if not np.isfinite(summed).all():
-            summed = np.where(real[..., None], x, np.float32(0)).sum(axis=1)
-        pooled = summed / counts[:, None].astype(np.float32)
-    return _head(pooled, shape.width, normalize)
+        return x[:, 0]
+    if method == "last":
+        return x[np.arange(x.shape[0]), counts - 1]
+    real = np.arange(x.shape[1])[None, :] < counts[:, None]  # [B, T]
+    # The sum, then the division, as the reference does: a product with 1 / length
+    # per token would round differently (a mean of ones would not be exactly one).
+    summed = np.matmul(real.astype(np.float32)[:, None, :], x)[:, 0]  # [B, 1, T] @ [B, T, H]
+    if not np.isfinite(summed).all():
+        summed = np.where(real[..., None], x, np.float32(0)).sum(axis=1)
+    return summed / counts[:, None].astype(np.float32)
+
+
+def seq_pool_row(
+    hidden: np.ndarray,
+    method: str,
+    *,
+    normalize: bool = False,
+    dimensions: int | None = None,
+) -> np.ndarray:
+    """One sequence's [1, T, H] hidden states, every token real, -> its [D] float32 vector:
+    `seq_pool_numpy` of a one-row batch, the same arithmetic, without torch on either side.
+    For a backend that hands one row over as a NumPy array (OpenVINO's one-row passes): the
+    batch op's checks and tensor conversions cost about as much as the near-zero model's
+    whole pass (bench/service_cost.py, one request at a time)."""
+    if method not in POOL_METHODS:
+        raise ValueError(f"unknown pooling method {method!r}; use one of {', '.join(POOL_METHODS)}")
+    if hidden.ndim != 3 or hidden.shape[0] != 1 or 0 in hidden.shape:
+        raise ValueError(f"hidden must be one non-empty row [1, T, H], got shape {hidden.shape}")
+    width = hidden.shape[2] if dimensions is None else dimensions
+    if not 1 <= width <= hidden.shape[2]:
+        raise ValueError(f"dimensions = {width} is out of range; use 1..{hidden.shape[2]} "
+                         f"(the hidden size H)")
+    x = hidden.astype(np.float32, copy=False)
+    counts = np.array([hidden.shape[1]], dtype=np.int64)
+    return _head(_pooled(x, counts, method), width, normalize)[0]
 
 
 def token_pool_numpy(
@@ -83,7 +111,7 @@ def token_pool_numpy(
     counts = _lengths(lengths)
     real = np.arange(shape.tokens)[None, :] < counts[:, None]
     # Boolean indexing walks [B, T] in row-major order: sequence 0's tokens, then sequence 1's.
-    return _head(_floats(hidden)[real], shape.width, normalize)
+    return torch.from_numpy(_head(_floats(hidden)[real], shape.width, normalize))
 
 
 def activation_numpy(logits: torch.Tensor, kind: str) -> torch.Tensor:

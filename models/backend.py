@@ -11,6 +11,7 @@ thread, or its event loop for a batch the backend knows to be quick (`seconds_al
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from poolwire.models.model import LoadedModel
@@ -32,6 +33,12 @@ class Backend(Protocol):
         """The model's outputs for one right-padded batch ([B, T] ids, mask and segment ids):
         HIDDEN [B, T, H] last hidden states, SEQ_LOGITS [B, labels], TOKEN_LOGITS
         [B, T, labels], MLM_LOGITS [B, T, vocabulary] (sparse models); any float dtype (pooling accumulates in float32)."""
+
+    def run_row(self, forward: Forward, ids: list[int]) -> np.ndarray | None:
+        """One text's outputs (a one-row batch of `ids`, every token real, no segment ids) as
+        a NumPy array shaped as run() would give them, where the backend has a cheaper path
+        for one row than a padded batch (OpenVINO's fixed one-row passes); None where it has
+        not, and run() computes it."""
 
     def seconds_alone(self, forward: Forward, tokens: int) -> float | None:
         """How long a batch of `tokens` padded tokens takes when the calling thread computes it
@@ -71,6 +78,9 @@ class TorchBackend:
             if forward == Forward.TEXT_FEATURES:
                 return model.towers.text_features(ids, mask)      # [B, D]
             return model.token_logits(ids, mask, types)           # [B, T, labels]
+
+    def run_row(self, forward: Forward, ids: list[int]) -> np.ndarray | None:
+        return None  # a one-row batch costs torch what any batch does
 
     def seconds_alone(self, forward: Forward, tokens: int) -> float | None:
         return None  # not measured: torch's own threads compute every batch

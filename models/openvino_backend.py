@@ -222,6 +222,23 @@ class _OneRow:
         request.infer()
         return request.get_output_tensor(0).data.copy()
 
+    def infer_ids(self, ids: list[int]) -> np.ndarray:
+        """One text's token ids (no segment ids, every token real) -> the pass's outputs,
+        written into the buffers without an array of the row's own on the way."""
+        n = len(ids)
+        for name, row in self.rows.items():
+            if name == "input_ids":
+                row[0, :n] = ids
+                row[0, n:] = 0
+            elif name == "attention_mask":
+                row[0, :n] = 1
+                row[0, n:] = 0
+            else:  # segment ids: all zero, whatever a pair's row left there
+                row[0] = 0
+        request = self.compiled.request
+        request.infer()
+        return request.get_output_tensor(0).data.copy()
+
 
 @dataclass(frozen=True)
 class _Twin:
@@ -389,6 +406,20 @@ class OpenVinoBackend:
             out = _infer(compiled, arrays)
         return torch.from_numpy(out)
 
+    def run_row(self, forward: str, ids: list[int]) -> np.ndarray | None:
+        """One text's outputs ([1, len(ids), ...] for a per-token pass) as a NumPy array,
+        through the fixed one-row pass that holds it; None where none does (a model without
+        one-row passes, or a text past the widest). What `run` gives for the same one-row
+        batch, without the batch's tensors: one request at a time, padding, tensors and the
+        batch pooling cost the near-zero model more than its pass (forward.run_batch)."""
+        passes = self._one_row.get(forward)
+        fixed = fixed_width(len(ids), tuple(passes)) if passes and ids else None
+        if fixed is None:
+            return None
+        with self._lock:
+            out = passes[fixed].infer_ids(ids)
+        return out[:, :len(ids)] if forward in PER_TOKEN else out
+
     def seconds_alone(self, forward: str, tokens: int) -> float | None:
         """The one-thread twin's modelled time for a batch it takes; None for a batch the
         all-cores pass takes (its time on a busy machine is not known) or a model without a
@@ -414,13 +445,16 @@ class OpenVinoBackend:
 
     def _row_by_row(self, forward: str, ids: torch.Tensor, mask: torch.Tensor,
                     types: torch.Tensor) -> torch.Tensor:
-        """The batch computed one row at a time, each row cut to its real tokens (the path of a
-        one-row batch: a fixed-width pass where one holds it), stacked in the batch's shape
+        """The batch computed one row at a time, each row cut to its real tokens (the paths of
+        a one-row batch: a fixed-width pass where one holds it), stacked in the batch's shape
         with zeros on the padding."""
         rows = []
         for row in range(ids.shape[0]):
             real = int(mask[row].sum())
-            rows.append(self.run(forward, ids[row:row + 1, :real], mask[row:row + 1, :real],
+            # A row without segment ids takes the path of one text (run_row), the rest run().
+            alone = None if types[row].any() else self.run_row(forward, ids[row, :real].tolist())
+            rows.append(torch.from_numpy(alone) if alone is not None else
+                        self.run(forward, ids[row:row + 1, :real], mask[row:row + 1, :real],
                                  types[row:row + 1, :real]))
         if forward not in PER_TOKEN:
             return torch.cat(rows)

@@ -27,6 +27,7 @@ from poolwire.kernels import (  # noqa: E402
     seq_pool_kernel,
     seq_pool_numpy,
     seq_pool_reference,
+    seq_pool_row,
     seq_pool_triton,
     token_pool_numpy,
     token_pool_reference,
@@ -207,6 +208,39 @@ def test_token_pool_numpy_matches_reference(dtype, atol, rtol, shape, head, padd
 def test_activation_numpy_matches_reference(dtype, atol, rtol, shape, kind):
     logits = (torch.randn(shape) * 20).to(dtype)
     assert_close(activation_numpy(logits, kind), activation_reference(logits, kind), atol, rtol)
+
+
+@pytest.mark.parametrize("tokens", [1, 13, 128])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("head", HEADS, ids=str)
+def test_one_row_pools_exactly_as_the_batch_op(tokens, method, head):
+    """seq_pool_row (a one-row pass's NumPy output, every token real) gives the very bits the
+    batch op gives for that row alone, and for the same row inside a padded batch within
+    float32 rounding: a request's vector does not depend on which path computed it."""
+    normalize, fraction = head
+    row = torch.randn(1, tokens, 48)
+    dims = kept(48, fraction)
+    got = seq_pool_row(row.numpy(), method, normalize=normalize, dimensions=dims)
+    assert isinstance(got, np.ndarray) and got.shape == (dims or 48,) and got.dtype == np.float32
+    alone = seq_pool_numpy(row, torch.tensor([tokens]), method, normalize=normalize,
+                           dimensions=dims)
+    assert np.array_equal(got, alone[0].numpy())
+    batch = torch.cat([row, torch.randn(1, tokens, 48)])
+    batch = torch.cat([batch, torch.full((2, 5, 48), float("nan"))], dim=1)  # padding
+    inside = seq_pool_numpy(batch, torch.tensor([tokens, tokens]), method,
+                            normalize=normalize, dimensions=dims)
+    assert_close(torch.from_numpy(got), inside[0], 1e-6, 1e-6)
+
+
+def test_one_row_refuses_what_the_batch_op_refuses():
+    row = np.zeros((1, 4, 8), dtype=np.float32)
+    with pytest.raises(ValueError, match="unknown pooling method 'max'"):
+        seq_pool_row(row, "max")
+    with pytest.raises(ValueError, match=r"dimensions = 9 is out of range; use 1..8"):
+        seq_pool_row(row, "mean", dimensions=9)
+    for shape in ((2, 4, 8), (4, 8), (1, 0, 8)):
+        with pytest.raises(ValueError, match="one non-empty row"):
+            seq_pool_row(np.zeros(shape, dtype=np.float32), "cls")
 
 
 def test_numpy_mean_keeps_a_real_tokens_nan_and_drops_paddings():

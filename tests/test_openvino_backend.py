@@ -388,6 +388,86 @@ def test_a_one_row_batch_runs_through_a_fixed_width_pass_with_the_same_outputs(f
                                 torch.zeros_like(two))) == 3  # all cores, twin, row by row
 
 
+def test_one_text_runs_through_its_own_path_with_the_outputs_of_a_one_row_batch(first_start):
+    """run_row (one text's ids straight into a fixed-width pass's buffers) gives exactly what
+    run() gives for the same one-row batch, whatever segment ids a pair left in the buffers
+    before; a text past the widest pass, or no ids, is left to run() (None)."""
+    _, backend = first_start
+    widest = max(backend._one_row["token_logits"])
+    pair = torch.tensor([[101, 7592, 102, 2088, 102]])
+    for width in (1, 3, widest):
+        ids = torch.arange(101, 101 + width).view(1, width)
+        for forward in ("seq_logits", "token_logits"):
+            backend.run(forward, pair, torch.ones_like(pair), torch.ones_like(pair))
+            got = backend.run_row(forward, ids[0].tolist())
+            want = backend.run(forward, ids, torch.ones_like(ids), torch.zeros_like(ids))
+            assert isinstance(got, np.ndarray) and np.array_equal(got, want.numpy())
+    if widest < backend.model.max_length:
+        assert backend.run_row("seq_logits", list(range(101, 102 + widest))) is None
+    assert backend.run_row("seq_logits", []) is None
+    assert backend.run_row("hidden", [101, 102]) is None  # this model has no hidden pass
+
+
+def test_only_a_backend_with_one_row_passes_has_a_path_for_one_text(fresh_model, tmp_path):
+    from poolwire.models.backend import TorchBackend
+
+    chosen = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path, threads=2)
+    assert chosen.run_row("seq_logits", [101, 102]) is None
+    assert TorchBackend(fresh_model()).run_row("seq_logits", [101, 102]) is None
+
+
+@pytest.fixture(scope="module")
+def near_zero(tmp_path_factory):
+    """bench/service_cost.py's near-zero embedding model on OpenVINO, with its one-row passes
+    (the small-batch limit raised, as in first_start, so a busy machine cannot deny them)."""
+    from bench.service_cost import build_near_zero_model
+    from poolwire.models import openvino_backend
+
+    folder = build_near_zero_model(tmp_path_factory.mktemp("near-zero") / "model")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(openvino_backend, "SMALL_BATCH_S", 10.0)
+        return build_backend("openvino", load_model(folder), "exact", "float32", None)
+
+
+@pytest.mark.parametrize("method", ["mean", "cls", "last"])
+@pytest.mark.parametrize("normalize,dimensions", [(True, None), (False, None), (True, 8)])
+def test_one_text_is_pooled_as_the_batch_pools_it(near_zero, monkeypatch, method, normalize,
+                                                  dimensions):
+    """run_batch on one text of a plain embedding takes the backend's one-row path and gives
+    the bits the batch path gives; the same text inside a batch of two agrees within float32
+    rounding."""
+    from poolwire.models import forward as forward_module
+    from poolwire.models.forward import run_batch
+    from poolwire.models.task_heads import Forward, PoolSpec
+    from poolwire.models.tokenizing import Tokenizing
+
+    tokenizing = Tokenizing(near_zero.model.tokenizer, near_zero.model.max_length)
+    one, other = tokenizing.texts(["The committee met in Berlin.", "Prices rose."], None, "right")
+    spec = PoolSpec(Forward.HIDDEN, method=method, normalize=normalize, dimensions=dimensions)
+    rows = []
+    monkeypatch.setattr(near_zero, "run_row", lambda forward, ids: rows.append(ids) or
+                        type(near_zero).run_row(near_zero, forward, ids))
+    got = run_batch(near_zero, [one], [spec]).outputs[0]
+    assert rows == [one.ids], "one text of a plain embedding takes the one-row path"
+    monkeypatch.setattr(forward_module, "_one_text", lambda *args: None)
+    assert np.array_equal(got, run_batch(near_zero, [one], [spec]).outputs[0])
+    in_batch = run_batch(near_zero, [one, other], [spec, spec]).outputs[0]
+    assert got.shape == ((dimensions or 32),) and np.allclose(got, in_batch, atol=1e-6)
+
+
+def test_one_text_of_other_outputs_takes_the_batch_path(near_zero, monkeypatch):
+    from poolwire.models.forward import run_batch
+    from poolwire.models.task_heads import Forward, PoolSpec
+    from poolwire.models.tokenizing import TokenSeq
+
+    monkeypatch.setattr(near_zero, "run_row", lambda *args: pytest.fail("not for this spec"))
+    seq = TokenSeq([101, 7592, 2088, 102])
+    rows = run_batch(near_zero, [seq], [PoolSpec(Forward.HIDDEN, token_level=True)]).outputs
+    assert rows[0].shape == (4, 32)  # token_embed: a row per token, the batch path's
+    paired = TokenSeq([101, 7592, 102, 2088, 102], type_ids=[0, 0, 0, 1, 1])
+    assert run_batch(near_zero, [paired], [PoolSpec(Forward.HIDDEN)]).outputs[0].shape == (32,)
+
+
 def test_threads_the_operator_chose_get_no_twin(fresh_model, tmp_path):
     chosen = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path, threads=2)
     assert chosen.twins == {} and "one thread" not in chosen.describe()
