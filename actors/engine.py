@@ -8,7 +8,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -438,15 +438,18 @@ class EngineActor(Actor):
             await self._drop_expired()
             with self.stats.timed("plan"):
                 batch = self._planner.next_batch()
-            if batch:
-                self._dispatch(loop, batch)
+            delivery = self._dispatch(loop, batch) if batch else None
             # Not kept while the loop waits: the last batch's requests are freed with their
             # replies (_complete holds the batch until then).
             del batch
+            if delivery is not None:
+                await delivery
 
-    def _dispatch(self, loop, batch: list[QueuedItem]) -> None:
+    def _dispatch(self, loop, batch: list[QueuedItem]) -> "Coroutine | None":
         """Hand a planned batch to be computed (`_forward`), and deliver its results in a task
-        of its own, after the batch before it."""
+        of its own, after the batch before it; or, for a batch computed on the loop with no
+        delivery before it still under way, hand back the delivery for the batch loop to
+        await itself: one turn of the event loop less for a request that is alone."""
         seqs, specs = [], []
         for item in batch:
             flight, i = item.payload
@@ -458,8 +461,11 @@ class EngineActor(Actor):
             len(seqs) * max(len(s) for s in seqs)) if self._tracing.enabled else None
         future = self._forward(loop, seqs, specs)
         previous = self._last_delivery
-        self._last_delivery = asyncio.create_task(
-            self._complete(batch, seqs, future, previous, span), name="poolwire-deliver")
+        delivery = self._complete(batch, seqs, future, previous, span)
+        if future.done() and (previous is None or previous.done()):
+            return delivery
+        self._last_delivery = asyncio.create_task(delivery, name="poolwire-deliver")
+        return None
 
     def _forward(self, loop, seqs, specs) -> asyncio.Future:
         """The batch's result, as a future: computed in the forward thread, or at once on the
