@@ -45,8 +45,8 @@ def check_pool(
     method: str | None = None,
 ) -> PoolShape:
     """Validate seq_pool / token_pool arguments; ``method`` is None for token_pool."""
-    if method is not None and method not in POOL_METHODS:
-        raise ValueError(f"unknown pooling method {method!r}; use one of {', '.join(POOL_METHODS)}")
+    if method is not None:
+        check_method(method)
     _check_float("hidden", hidden)
     if hidden.dim() != 3:
         raise ValueError(
@@ -78,19 +78,29 @@ def check_pool(
         if n > tokens:
             raise ValueError(f"lengths[{i}] = {n} exceeds the padded length T = {tokens} of hidden")
 
+    return PoolShape(batch=batch, tokens=tokens, hidden=width_h,
+                     width=kept_width(dimensions, width_h), total=sum(values))
+
+
+def check_method(method: str) -> None:
+    if method not in POOL_METHODS:
+        raise ValueError(f"unknown pooling method {method!r}; use one of {', '.join(POOL_METHODS)}")
+
+
+def kept_width(dimensions: int | None, width_h: int) -> int:
+    """The features kept of H (Matryoshka `dimensions`; None keeps all), checked."""
     if dimensions is None:
-        width = width_h
-    else:
-        # Any integer (numpy's too) is fine; bool is an int subclass, but dimensions=True is a bug.
-        try:
-            if isinstance(dimensions, bool):
-                raise TypeError
-            width = operator.index(dimensions)
-        except TypeError:
-            raise ValueError(f"dimensions must be an int or None, got {dimensions!r}") from None
-        if not 1 <= width <= width_h:
-            raise ValueError(f"dimensions = {width} is out of range; use 1..{width_h} (the hidden size H)")
-    return PoolShape(batch=batch, tokens=tokens, hidden=width_h, width=width, total=sum(values))
+        return width_h
+    # Any integer (numpy's too) is fine; bool is an int subclass, but dimensions=True is a bug.
+    try:
+        if isinstance(dimensions, bool):
+            raise TypeError
+        width = operator.index(dimensions)
+    except TypeError:
+        raise ValueError(f"dimensions must be an int or None, got {dimensions!r}") from None
+    if not 1 <= width <= width_h:
+        raise ValueError(f"dimensions = {width} is out of range; use 1..{width_h} (the hidden size H)")
+    return width
 
 
 def check_activation(logits: torch.Tensor, kind: str) -> None:

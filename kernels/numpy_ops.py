@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._checks import POOL_METHODS, check_activation, check_pool
+from ._checks import check_activation, check_method, check_pool, kept_width
 from .reference import NORM_EPS
 
 
@@ -86,14 +86,10 @@ def seq_pool_row(
     For a backend that hands one row over as a NumPy array (OpenVINO's one-row passes): the
     batch op's checks and tensor conversions cost about as much as the near-zero model's
     whole pass (bench/service_cost.py, one request at a time)."""
-    if method not in POOL_METHODS:
-        raise ValueError(f"unknown pooling method {method!r}; use one of {', '.join(POOL_METHODS)}")
+    check_method(method)
     if hidden.ndim != 3 or hidden.shape[0] != 1 or 0 in hidden.shape:
         raise ValueError(f"hidden must be one non-empty row [1, T, H], got shape {hidden.shape}")
-    width = hidden.shape[2] if dimensions is None else dimensions
-    if not 1 <= width <= hidden.shape[2]:
-        raise ValueError(f"dimensions = {width} is out of range; use 1..{hidden.shape[2]} "
-                         f"(the hidden size H)")
+    width = kept_width(dimensions, hidden.shape[2])
     x = hidden.astype(np.float32, copy=False)
     counts = np.array([hidden.shape[1]], dtype=np.int64)
     return _head(_pooled(x, counts, method), width, normalize)[0]

@@ -218,9 +218,7 @@ class _OneRow:
         given = dict(zip(INPUTS, arrays))
         for name, row in self.rows.items():
             pad_into(row, given[name])
-        request = self.compiled.request
-        request.infer()
-        return request.get_output_tensor(0).data.copy()
+        return _outputs(self.compiled.request)
 
     def infer_ids(self, ids: list[int]) -> np.ndarray:
         """One text's token ids (no segment ids, every token real) -> the pass's outputs,
@@ -235,9 +233,7 @@ class _OneRow:
                 row[0, n:] = 0
             else:  # segment ids: all zero, whatever a pair's row left there
                 row[0] = 0
-        request = self.compiled.request
-        request.infer()
-        return request.get_output_tensor(0).data.copy()
+        return _outputs(self.compiled.request)
 
 
 @dataclass(frozen=True)
@@ -500,6 +496,12 @@ def _infer(compiled: _Compiled, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
     request = compiled.request
     for name in compiled.inputs:
         request.set_tensor(name, compiled.tensor(given[name], shared_memory=True))
+    return _outputs(request)
+
+
+def _outputs(request) -> np.ndarray:
+    """Run the request on the tensors set on it; its output copied out of the request's buffer,
+    which the next call overwrites."""
     request.infer()
     return request.get_output_tensor(0).data.copy()
 
