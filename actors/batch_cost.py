@@ -46,18 +46,27 @@ CPU_BUDGET = 16  # tokens, for float32 on a CPU: the sweep of 8 / 16 / 32 in doc
 # found equally good; `--max-added-padding auto` measures it per worker. Under a load of 8 to 20
 # the same measurement gave fixed 0 to 33 ms and 1.0 to 1.5 ms a token: the load, not the model.
 OPENVINO_CPU_BUDGET = 16
+# Tokens, for OpenVINO computing in bf16 (`fast` on a CPU with AVX-512 BF16 or AMX): its tokens
+# cost about half of f32's and its fixed cost stays, so the budget doubles. Five interleaved
+# pairs of `bench/throughput.py --configs c64 --modes fast --texts 1000
+# --worker-args="--max-added-padding N"` (MiniLM, 2-core AMD EPYC with AVX-512 BF16,
+# 2026-12-04): 16 read 183, 202, 201, 216 and 218 texts/s (10.6 sequences a batch), 32 read
+# 219, 206, 212, 218 and 215 (14.1 a batch); 64 read 217 and 191 in two of them.
+OPENVINO_BF16_BUDGET = 32
 AUTO = "auto"
 
 
 def budget_rule(requested: int | str | None, device_type: str,
-                backend: str = "torch") -> int | str:
+                backend: str = "torch", ov_hint: str | None = None) -> int | str:
     """`--max-added-padding` as given (a number of tokens, or "auto": measure), or by default
-    "auto" on CUDA, OPENVINO_CPU_BUDGET for OpenVINO and CPU_BUDGET for torch on a CPU (see the
-    module's docstring for why)."""
+    "auto" on CUDA, for OpenVINO OPENVINO_CPU_BUDGET (OPENVINO_BF16_BUDGET where it computes in
+    bf16: `ov_hint`), and CPU_BUDGET for torch on a CPU (see the module's docstring for why)."""
     if requested is None:
         if device_type == "cuda":
             return AUTO
-        return OPENVINO_CPU_BUDGET if backend == "openvino" else CPU_BUDGET
+        if backend == "openvino":
+            return OPENVINO_BF16_BUDGET if ov_hint == "bf16" else OPENVINO_CPU_BUDGET
+        return CPU_BUDGET
     return requested
 
 

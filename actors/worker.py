@@ -107,7 +107,8 @@ class Worker:
         # The planner's padding budget: a number, or from this device's and precision's measured
         # forward-pass cost (actors/batch_cost.py; measuring also warms the model up).
         self.batch_cost: BatchCost | None = None
-        budget = budget_rule(settings.max_added_padding, model.device.type, self.backend.name)
+        budget = budget_rule(settings.max_added_padding, model.device.type, self.backend.name,
+                             self.precision.ov_hint)
         if budget == AUTO and model.towers is not None:
             # The measurement runs the text encoder's forward pass; images all have one length
             # and CLIP texts are short, so the CPU's default serves.

@@ -83,6 +83,18 @@ CALIBRATION = ((2, 8), (8, 64))
 # runs of 2,000). Padding is what every batch of several rows already has: the mask keeps it
 # out of the real tokens' outputs, and the start-up check compares these passes with torch too.
 ONE_ROW_WIDTHS = (16, 32, 64, 128)
+# A model too slow for a twin (MiniLM) gets one-row passes too, on all its cores, for the widths
+# of a query: a dynamic pass fed one text after another of other lengths reshapes its kernels
+# and memory on each, and the model's compute no longer hides that. Measured on MiniLM (2-core
+# AMD EPYC with AVX-512 BF16, 2026-12-04; one row at a time, lengths varying within each range,
+# the two passes interleaved, median ms): bf16 6-16 tokens 2.47 against 3.57, 17-24 3.71
+# against 4.56, 25-32 3.69 against 5.12; f32 3.42 against 3.92, 5.76 against 5.56, 5.75
+# against 6.74. Past 32 tokens the padding eats the gain (f32 33-48: 8.80 against 7.49).
+QUERY_ROW_WIDTHS = (16, 32)
+# Each such pass repacks the model's matmul weights for its shapes: MiniLM's 90 MB of float32
+# weights cost 50 MB more resident per pass in f32 and 33 MB in bf16. Only models up to this
+# many bytes of weights get them; a bigger one's lone text takes the dynamic pass.
+ONE_ROW_MAX_WEIGHT_BYTES = 256 << 20
 # Forward kinds whose outputs have a row per token ([B, T, ...]): cut back to the batch's width.
 PER_TOKEN = frozenset({Forward.HIDDEN, Forward.TOKEN_LOGITS, Forward.MLM_LOGITS})
 
@@ -186,6 +198,12 @@ class _Compiled:
     request: object          # the one infer request (one stream; the engine's one thread)
     inputs: tuple[str, ...]  # the graph's inputs, in INPUTS order (unused ones are dropped)
     tensor: type             # openvino.Tensor, looked up once rather than per batch
+
+
+def weight_bytes(model: LoadedModel) -> int:
+    """The bytes of the model's weights as loaded (parameters and buffers)."""
+    tensors = [*model.module.parameters(), *model.module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def fixed_width(width: int, widths: tuple[int, ...]) -> int | None:
@@ -312,7 +330,9 @@ class OpenVinoBackend:
                     self._twin(graph, forward, {**config, "INFERENCE_NUM_THREADS": 1})
                 if forward in self._twins:
                     self._one_row[forward] = self._fixed_passes(
-                        graph, {**config, "INFERENCE_NUM_THREADS": 1})
+                        graph, {**config, "INFERENCE_NUM_THREADS": 1}, ONE_ROW_WIDTHS)
+                elif weight_bytes(model) <= ONE_ROW_MAX_WEIGHT_BYTES:
+                    self._one_row[forward] = self._fixed_passes(graph, config, QUERY_ROW_WIDTHS)
             except Exception as exc:  # noqa: BLE001 - any converter failure means: not here
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise OpenVinoUnavailable(f"OpenVINO could not convert {model.architecture} "
@@ -330,10 +350,10 @@ class OpenVinoBackend:
                                             (big[0].size, _best_seconds(twin, big))])
         self._twins[forward] = _Twin(twin, fixed, per_token)
 
-    def _fixed_passes(self, graph, config: dict) -> dict[int, _OneRow]:
-        """The graph compiled for one row of each ONE_ROW_WIDTHS width the model can take."""
+    def _fixed_passes(self, graph, config: dict, widths: tuple[int, ...]) -> dict[int, _OneRow]:
+        """The graph compiled for one row of each of `widths` the model can take."""
         passes = {}
-        for width in ONE_ROW_WIDTHS:
+        for width in widths:
             if width > self.model.max_length:
                 break
             fixed = graph.clone()

@@ -139,7 +139,7 @@ class WorkerSettings(BaseSettings):
         None, description="an item joins a batch only if it adds at most this many padding "
                           "tokens; auto: measured at start, the padding that costs as much as "
                           "one more forward pass on this device and precision; default: auto "
-                          "on CUDA, 16 on a CPU")
+                          "on CUDA, 16 on a CPU (32 for OpenVINO computing in bf16)")
     max_queued_tokens: int = Field(262144, ge=1, description="admission bound; past it: overloaded")
     max_image_pixels: int = Field(
         89_478_485, ge=1, description="multimodal models: an image of more pixels (width x "

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from poolwire.actors.batch_cost import (AUTO, CPU_BUDGET, MIN_BUDGET, BatchCost, batch_cost_of,
+from poolwire.actors.batch_cost import (AUTO, CPU_BUDGET, MIN_BUDGET, OPENVINO_BF16_BUDGET,
+                                        OPENVINO_CPU_BUDGET, BatchCost, batch_cost_of,
                                         budget_rule, fit_batch_cost, measure_batch_cost)
 from poolwire.models.backend import TorchBackend
 from poolwire.models.precision import EXACT, choose_precision
@@ -90,6 +91,16 @@ def test_one_measurement_per_model_and_precision(minilm):
 ])
 def test_budget_rule(requested, device, rule):
     assert budget_rule(requested, device) == rule
+
+
+@pytest.mark.parametrize("ov_hint, rule", [("f32", OPENVINO_CPU_BUDGET), (None, OPENVINO_CPU_BUDGET),
+                                           ("bf16", OPENVINO_BF16_BUDGET)])
+def test_openvino_in_bf16_gets_twice_the_budget_of_f32(ov_hint, rule):
+    """bf16 tokens cost about half as much and the pass's fixed cost stays."""
+    assert OPENVINO_BF16_BUDGET == 2 * OPENVINO_CPU_BUDGET
+    assert budget_rule(None, "cpu", "openvino", ov_hint) == rule
+    assert budget_rule(24, "cpu", "openvino", ov_hint) == 24  # as asked, whatever the precision
+    assert budget_rule(None, "cpu", "torch", ov_hint) == CPU_BUDGET
 
 
 async def test_a_cpu_worker_keeps_the_default_budget_without_measuring(minilm, start_worker):

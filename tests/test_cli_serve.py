@@ -40,7 +40,8 @@ async def test_serve_embedded_answers_then_drains_in_flight_requests_on_sigint(t
         # OpenVINO where it is installed (--backend auto), else torch.
         await read_until(proc.stdout, r"poolwire: backend (openvino \S+ \((converted|reused the "
                                       r"cached) hidden\), precision (fast \(OpenVINO inference "
-                                      r"precision bf16\)$|exact .*no native bfloat16)|torch, "
+                                      r"precision bf16\)(; one row in fixed widths [0-9, ]+)?$|"
+                                      r"exact .*no native bfloat16)|torch, "
                                       r"precision (fast \(float32 weights under bfloat16 "
                                       r"autocast\)$|exact .*no native bfloat16))")
         nc = await nats.connect(url)

@@ -287,7 +287,12 @@ async def test_entities_equal_the_transformers_pipeline(zoo, start_worker, nc, p
     assert item["offsets"] == [None if s else list(span) for span, s in
                                zip(enc["offset_mapping"], enc["special_tokens_mask"])]
     items = [f for f in streamed if "index" in f]
-    assert items and items[0]["entities"] == replies["first"]["data"][0]["entities"]
+    # The streamed text computes alone (a one-row pass), the replies' in a batch of three: the
+    # same entities, scores within float32 rounding.
+    alone, batched = items[0]["entities"] if items else None, replies["first"]["data"][0]["entities"]
+    assert alone is not None and [{k: v for k, v in e.items() if k != "score"} for e in alone] == \
+        [{k: v for k, v in e.items() if k != "score"} for e in batched]
+    close([e["score"] for e in alone], [e["score"] for e in batched])
     assert sum((f["tokens"] for f in items), []) == item["tokens"]
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from poolwire.actors.batch_cost import CPU_BUDGET, OPENVINO_CPU_BUDGET, budget_rule
+from poolwire.actors.batch_cost import (CPU_BUDGET, OPENVINO_BF16_BUDGET, OPENVINO_CPU_BUDGET,
+                                        budget_rule)
 from poolwire.client import PoolingClient
 from poolwire.models import backend_choice
 from poolwire.models.backend_choice import (BackendError, BackendPlan, build_backend,
@@ -112,6 +113,16 @@ def test_the_openvino_cpu_default_budget():
     assert budget_rule(None, "cpu", "torch") == CPU_BUDGET
     assert budget_rule(None, "cuda", "openvino") == "auto"
     assert budget_rule(7, "cpu", "openvino") == 7
+
+
+async def test_a_worker_in_fast_takes_the_budget_of_the_precision_it_serves(minilm, start_worker):
+    """bf16 where this CPU has it (AVX-512 BF16 or AMX), and then twice f32's budget; f32 and
+    its budget elsewhere."""
+    async with start_worker(minilm, backend="openvino", precision="fast") as worker:
+        hint = worker.precision.ov_hint
+        assert hint == ("bf16" if worker.precision.served == "fast" else "f32")
+        assert worker.engine._planner.max_added_padding == (
+            OPENVINO_BF16_BUDGET if hint == "bf16" else OPENVINO_CPU_BUDGET)
 
 
 # ---- every model and task, served ----
@@ -408,12 +419,47 @@ def test_one_text_runs_through_its_own_path_with_the_outputs_of_a_one_row_batch(
     assert backend.run_row("hidden", [101, 102]) is None  # this model has no hidden pass
 
 
-def test_only_a_backend_with_one_row_passes_has_a_path_for_one_text(fresh_model, tmp_path):
+def test_only_a_backend_with_one_row_passes_has_a_path_for_one_text(fresh_model, tmp_path,
+                                                                   monkeypatch):
+    from poolwire.models import openvino_backend
     from poolwire.models.backend import TorchBackend
 
-    chosen = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path, threads=2)
-    assert chosen.run_row("seq_logits", [101, 102]) is None
+    # Too big for one-row passes (they cost a share of the weights' memory each), no twin.
+    monkeypatch.setattr(openvino_backend, "ONE_ROW_MAX_WEIGHT_BYTES", 0)
+    monkeypatch.setattr(openvino_backend, "SMALL_BATCH_S", 0.0)
+    big = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path)
+    assert big._one_row == {} and "fixed widths" not in big.describe()
+    assert big.run_row("seq_logits", [101, 102]) is None
     assert TorchBackend(fresh_model()).run_row("seq_logits", [101, 102]) is None
+
+
+def test_a_model_too_slow_for_a_twin_gets_one_row_passes_of_a_query_on_all_cores(
+        fresh_model, tmp_path, monkeypatch):
+    """A one-row batch of such a model runs through a [1, 16] or [1, 32] pass compiled as its
+    all-cores pass is (a dynamic pass fed texts of changing lengths reshapes on each), with the
+    dynamic pass's outputs on the real tokens; past the widest, the dynamic pass."""
+    from poolwire.models import openvino_backend
+
+    monkeypatch.setattr(openvino_backend, "SMALL_BATCH_S", 0.0)  # no batch is small enough
+    backend = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path)
+    assert backend.twins == {}
+    widths = [w for w in openvino_backend.QUERY_ROW_WIDTHS if w <= backend.model.max_length]
+    assert sorted(backend._one_row["seq_logits"]) == widths and widths
+    assert f"one row in fixed widths {', '.join(map(str, widths))}" in backend.describe()
+    all_cores = backend._compiled["seq_logits"].request.get_compiled_model()
+    for one_row in backend._one_row["seq_logits"].values():
+        threads = one_row.compiled.request.get_compiled_model().get_property(
+            "INFERENCE_NUM_THREADS")
+        assert threads == all_cores.get_property("INFERENCE_NUM_THREADS")
+    for width in (3, widths[-1], widths[-1] + 1):
+        ids = list(range(101, 101 + width))
+        arrays = (np.array([ids]), np.ones((1, width), np.int64), np.zeros((1, width), np.int64))
+        want = openvino_backend._infer(backend._compiled["seq_logits"], arrays)
+        got = backend.run_row("seq_logits", ids)
+        if width > widths[-1]:
+            assert got is None
+        else:
+            assert got.shape == want.shape and np.allclose(got, want, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -469,10 +515,16 @@ def test_one_text_of_other_outputs_takes_the_batch_path(near_zero, monkeypatch):
 
 
 def test_threads_the_operator_chose_get_no_twin(fresh_model, tmp_path):
+    """Nor one-thread one-row passes: those of a query's widths run on the threads chosen."""
+    from poolwire.models import openvino_backend
+
     chosen = build_backend("openvino", fresh_model(), "exact", "float32", tmp_path, threads=2)
     assert chosen.twins == {} and "one thread" not in chosen.describe()
     assert chosen.seconds_alone("seq_logits", 8) is None
-    assert chosen._one_row == {} and "fixed widths" not in chosen.describe()
+    passes = chosen._one_row["seq_logits"]
+    assert set(passes) <= set(openvino_backend.QUERY_ROW_WIDTHS) and passes
+    assert {p.compiled.request.get_compiled_model().get_property("INFERENCE_NUM_THREADS")
+            for p in passes.values()} == {2}
 
 
 def test_the_start_up_timing_stops_once_it_knows_the_answer(monkeypatch):
