@@ -320,6 +320,8 @@ class OpenVinoBackend:
         self._one_row: dict[str, dict[int, _OneRow]] = {}
         self.small_batch_s = SMALL_BATCH_S
         self._lock = threading.Lock()
+        # One-row passes for a model without a twin cost a share of its weights each.
+        query_rows = weight_bytes(model) <= ONE_ROW_MAX_WEIGHT_BYTES
         for forward in forwards_for(model):
             try:
                 graph = self._graph(ov, forward)
@@ -331,7 +333,7 @@ class OpenVinoBackend:
                 if forward in self._twins:
                     self._one_row[forward] = self._fixed_passes(
                         graph, {**config, "INFERENCE_NUM_THREADS": 1}, ONE_ROW_WIDTHS)
-                elif weight_bytes(model) <= ONE_ROW_MAX_WEIGHT_BYTES:
+                elif query_rows:
                     self._one_row[forward] = self._fixed_passes(graph, config, QUERY_ROW_WIDTHS)
             except Exception as exc:  # noqa: BLE001 - any converter failure means: not here
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
