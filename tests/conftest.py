@@ -27,9 +27,10 @@ from poolwire.models.model import bundled_model_dir, load_model  # noqa: E402
 from poolwire.actors.nats_server import NatsServer  # noqa: E402
 from poolwire.settings import WorkerSettings  # noqa: E402
 from poolwire.actors.worker import Worker  # noqa: E402
-from tests.helpers import wait_until_answering  # noqa: E402
+from tests.helpers import drop_streams_under, wait_until_answering  # noqa: E402
 
 _prefixes = itertools.count()
+_session_server: list[NatsServer] = []  # the session's nats-server, once a test started it
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +42,7 @@ def _seed():
 @pytest.fixture(scope="session")
 def nats_server():
     with NatsServer() as server:
+        _session_server.append(server)
         yield server
 
 
@@ -94,8 +96,12 @@ def zoo(zoo_dirs):
 
 @pytest.fixture
 def prefix():
-    """A fresh subject prefix per test, so tests never see each other's traffic."""
-    return f"t{next(_prefixes)}.pooling"
+    """A fresh subject prefix per test, so tests never see each other's traffic. Afterwards the
+    streams the test's workers made under it on the session's server go (helpers.py says why)."""
+    name = f"t{next(_prefixes)}.pooling"
+    yield name
+    if _session_server:
+        drop_streams_under(_session_server[0].url, name)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 command lines."""
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -42,6 +43,43 @@ async def wait_until_answering(url: str, prefix: str, timeout: float = 10.0) -> 
                 await asyncio.sleep(0.01)
     finally:
         await conn.close()
+
+
+def drop_streams_under(url: str, prefix: str) -> list[str]:
+    """Delete the JetStream streams whose subjects all lie under `prefix`: what one test's
+    workers created on the session's server. Each deployment's dead-letter and events streams
+    reserve 320 MiB of the server's file store, which nats-server sizes from the free disk; a
+    session of hundreds of prefixes that kept them ran out (error 10047) on a CI machine with
+    30 GB free. Runs its own event loop on its own thread, so it works from any teardown."""
+    async def drop() -> list[str]:
+        conn = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+        try:
+            js = conn.jetstream()
+            dropped = []
+            for info in await js.streams_info():
+                subjects = info.config.subjects or []
+                if subjects and all(s.startswith(prefix + ".") for s in subjects):
+                    await js.delete_stream(info.config.name)
+                    dropped.append(info.config.name)
+            return dropped
+        finally:
+            await conn.close()
+
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["dropped"] = asyncio.run(drop())
+        except Exception as exc:  # raised below, on the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    if "error" in outcome:
+        raise outcome["error"]
+    assert "dropped" in outcome, f"deleting the streams under {prefix} took over 30 s"
+    return outcome["dropped"]
 
 
 def rows(reply) -> list[np.ndarray]:
