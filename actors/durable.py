@@ -21,7 +21,8 @@ from typing import Any, NamedTuple
 from nats.js.api import (AckPolicy, ConsumerConfig, KeyValueConfig, RetentionPolicy, StorageType,
                          StreamConfig)
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+from nats.js.errors import (BucketNotFoundError, KeyNotFoundError, NotFoundError,
+                            ServiceUnavailableError)
 
 from poolwire.actors.durable_policy import (POISON_SPAN_S, Outcome, compute_alone,
                                             counts_as_failure, dead_letter, exhausted, on_error,
@@ -71,6 +72,20 @@ def durable_names(prefix: str, queue: str, pipeline_stream: str | None = None) -
     return DurableNames(stream_name("JOBS", prefix), consumer_name(queue))
 
 
+JS_CLUSTER_NOT_AVAILABLE = 10008        # nats-server's "JetStream system temporarily unavailable"
+
+
+def jetstream_busy(exc: BaseException) -> bool:
+    """Whether a JetStream API call failed because JetStream is electing a leader (a node
+    restarted, a cluster forming or short of quorum): the request times out, or the server
+    answers 503 with error 10008. It answers once a leader is elected, seconds later. Other
+    503s are not: nats-py raises a bare ServiceUnavailableError for no responders (a server
+    without JetStream), and an account without JetStream is 503 with error 10039. Those, and
+    limits or a conflicting consumer, stay until an operator acts."""
+    return isinstance(exc, asyncio.TimeoutError) or (
+        isinstance(exc, ServiceUnavailableError) and exc.err_code == JS_CLUSTER_NOT_AVAILABLE)
+
+
 def dead_subject(prefix: str, task: str) -> str:
     return f"{prefix}.dead.{task}"
 
@@ -88,6 +103,8 @@ async def ensure_stream(js, captures: str, config: StreamConfig) -> str:
     try:
         await js.add_stream(config)
     except Exception as exc:
+        if jetstream_busy(exc):
+            raise  # the caller waits for the election (start_intakes)
         try:
             return await js.find_stream_name_by_subject(captures)
         except NotFoundError:
@@ -111,8 +128,10 @@ async def ensure_failures_bucket(js, prefix: str, replicas: int):
         return await js.create_key_value(KeyValueConfig(
             bucket=bucket, history=1, ttl=FAILURES_MAX_AGE_S, storage=StorageType.FILE,
             replicas=replicas))
-    except Exception:  # another worker created it meanwhile
-        return await js.key_value(bucket)
+    except Exception as exc:
+        if jetstream_busy(exc):
+            raise  # the caller waits for the election (start_intakes)
+        return await js.key_value(bucket)  # another worker created it meanwhile
 
 
 async def ensure_dead_stream(js, prefix: str, replicas: int) -> str:
@@ -201,12 +220,14 @@ class JetStreamIntake(Actor):
     async def _bind_consumer(self, stream: str, durable: str, filter_subject: str) -> None:
         # max_deliver unbounded: the worker enforces the bound itself (durable_policy), so that
         # a job past it is dead-lettered and terminated rather than left in the stream unseen.
+        # Every step before the subscription is idempotent, so a bind that JetStream's election
+        # interrupted is simply run again (start_intakes).
         await self._js.add_consumer(stream, ConsumerConfig(
             durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.limits.ack_wait_s,
             max_deliver=-1, filter_subject=filter_subject, max_ack_pending=10000))
+        self._failures = await ensure_failures_bucket(self._js, self.prefix, self.replicas)
         self._psub = await self._js.pull_subscribe_bind(durable=durable, stream=stream)
         self.stream, self.durable = stream, durable
-        self._failures = await ensure_failures_bucket(self._js, self.prefix, self.replicas)
 
     # ---- what subclasses define ----
 
@@ -549,6 +570,8 @@ class DurableJobs(JetStreamIntake):
         try:
             await self._bind_consumer(stream, names.consumer, captures)
         except Exception as exc:
+            if jetstream_busy(exc):
+                raise  # not a conflict: the caller waits for the election (start_intakes)
             raise RuntimeError(
                 f"could not create the durable consumer {names.consumer!r} on stream "
                 f"{stream!r} ({exc}); a work-queue stream allows one consumer per subject, so "

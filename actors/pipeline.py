@@ -156,13 +156,14 @@ class PipelineIntake(JetStreamIntake):
             raise RuntimeError(f"pipeline stream {s.stream!r} does not exist: create it (e.g. "
                                f"`nats stream add {s.stream} --subjects '{s.input}.>'`) or fix "
                                f"--pipeline-stream") from None
-        consumer = durable_names(self.prefix, self.queue, s.stream).consumer
-        await self._bind_consumer(s.stream, consumer, f"{s.input}.>")
         try:
             self._store = await self._js.find_stream_name_by_subject(f"{s.output}.>")
         except NotFoundError:
             self._store = None
         await ensure_dead_stream(self._js, self.prefix, self.replicas)
+        # Subscribing last: a bind that JetStream's election interrupted is run again whole.
+        consumer = durable_names(self.prefix, self.queue, s.stream).consumer
+        await self._bind_consumer(s.stream, consumer, f"{s.input}.>")
         log.info("pipeline: %s.> from stream %s -> %s.> (%s), task %s", s.input, s.stream,
                  s.output, f"kept by stream {self._store}" if self._store else "not stored",
                  s.task)

@@ -292,3 +292,39 @@ def test_a_cluster_starts_again_on_other_ports_when_a_route_port_was_taken(monke
             assert len(picks) == 2 and set(cluster.urls) == {"A", "B", "C"}
             assert cluster.root.name == "attempt-2" and not cluster.log("A").count("[FTL]")
         assert not cluster.root.exists()  # the folder goes with the cluster
+
+
+@pytest.mark.timeout(180)
+async def test_a_worker_started_before_its_cluster_has_quorum_waits_and_then_serves(
+        minilm, prefix, tmp_path, caplog):
+    """A durable worker started beside one node of three (no JetStream leader can be elected)
+    waits for the election instead of exiting, and serves once a majority is back. It exited
+    at start before, blaming --queue, when add_consumer timed out during an election."""
+    with NatsCluster() as cluster:
+        cluster.kill("B")
+        cluster.kill("C")
+        worker = Worker(WorkerSettings(prefix=prefix, durable=True, durable_replicas=3), minilm)
+        starting = asyncio.create_task(worker.start(cluster.urls["A"]))
+        try:
+            await poll_until(lambda: _logged(caplog, "JetStream did not answer the bind"), 60)
+            assert not starting.done()
+            lone_s = time.monotonic()
+            cluster.restart("B")
+            cluster.restart("C")
+            await asyncio.wait_for(starting, 150)
+            bound_s = round(time.monotonic() - lone_s, 2)
+            async with PoolingClient(cluster.urls["A"], prefix=prefix, timeout=60) as client:
+                reply = await client.submit("embed", {"input": "after the election",
+                                                      "request_id": "quorum-1"})
+            waits = sum("JetStream did not answer the bind" in r.getMessage()
+                        for r in caplog.records)
+            report("bind_through_election", waits_logged=waits, bound_s_after_quorum=bound_s)
+            assert reply["request_id"] == "quorum-1" and len(reply["data"]) == 1
+        finally:
+            if not starting.done():
+                starting.cancel()
+            await worker.stop()
+
+
+async def _logged(caplog, text: str) -> bool:
+    return any(text in r.getMessage() for r in caplog.records)

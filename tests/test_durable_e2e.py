@@ -308,3 +308,25 @@ async def test_a_missing_pipeline_stream_is_named_at_start(minilm, nats_server, 
             await worker.start(nats_server.url)
     finally:
         await worker.stop()
+
+
+async def test_a_second_queue_group_on_the_jobs_is_refused_at_once_naming_queue(minilm, start_worker, nats_server, prefix):
+    """A real conflict is not waited on as an election is: the work-queue stream allows one
+    consumer per subject, so a worker of the prefix in another queue group exits at start."""
+    async with start_worker(minilm, **DURABLE):
+        other = Worker(WorkerSettings(prefix=prefix, queue="others", **DURABLE), minilm)
+        began = time.monotonic()
+        with pytest.raises(RuntimeError, match="must use the same --queue"):
+            await other.start(nats_server.url)
+        await other.stop()
+        assert time.monotonic() - began < 30  # refused, not retried for BIND_RETRY_S (120 s)
+
+
+async def test_a_server_without_jetstream_is_named_at_once(minilm, prefix, tmp_path):
+    from poolwire.actors.nats_server import NatsServer
+
+    with NatsServer(store_dir=tmp_path / "nats", jetstream=False) as server:
+        worker = Worker(WorkerSettings(prefix=prefix, **DURABLE), minilm)
+        with pytest.raises(RuntimeError, match="need a NATS server with JetStream"):
+            await worker.start(server.url)
+        await worker.stop()

@@ -1,16 +1,20 @@
 """The durable intake's pure decisions (actors/durable_policy.py) and the pipeline's subject and
 document rules (actors/pipeline.py)."""
 
+import asyncio
 import random
 
 import msgpack
+import nats.errors
 import pytest
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from poolwire.actors.durable_policy import (POISON_SPAN_S, STORE_RETRY_S, Outcome, compute_alone,
                                             counts_as_failure, dead_letter, exhausted, on_error,
                                             pull_size, retry_delay, store_retry_delay)
 from poolwire.actors.framing import header_bytes
-from poolwire.actors.durable_intakes import pipeline_spec
+from poolwire.actors.durable import jetstream_busy
+from poolwire.actors.durable_intakes import bind_through_elections, pipeline_spec
 from poolwire.actors.pipeline import PipelineSpec, output_subject, request_for
 from poolwire.actors.task_policy import TaskPolicy
 from poolwire.schemas.tasks import Task
@@ -164,3 +168,48 @@ def test_a_dead_letter_over_max_payload_leaves_out_the_job_then_cuts_the_error(m
         assert "(shortened from 2018 chars)" in record["error"]["message"]
     # 400: the shortened record (about 330 bytes) leaves no room for the job's headers.
     assert kept == (None if max_payload == 400 else headers)
+
+
+class _Intake:
+    """An intake whose bind fails with each of `failures` in turn, then works."""
+    name = "fake"
+
+    def __init__(self, *failures: BaseException) -> None:
+        self.failures = list(failures)
+        self.binds = 0
+
+    async def bind(self) -> None:
+        self.binds += 1
+        if self.failures:
+            raise self.failures.pop(0)
+
+
+async def test_a_bind_is_run_again_while_jetstream_elects_a_leader():
+    intake = _Intake(nats.errors.TimeoutError(), ServiceUnavailableError(code=503, err_code=10008))
+    await bind_through_elections(intake, limit_s=10)
+    assert intake.binds == 3
+
+
+async def test_a_bind_failing_otherwise_is_raised_at_once():
+    intake = _Intake(NotFoundError(code=404), nats.errors.TimeoutError())
+    with pytest.raises(NotFoundError):
+        await bind_through_elections(intake, limit_s=10)
+    assert intake.binds == 1
+
+
+async def test_a_bind_still_unanswered_at_the_limit_says_so():
+    intake = _Intake(*[nats.errors.TimeoutError()] * 10)
+    with pytest.raises(RuntimeError, match="elected no leader for 1 s"):
+        await bind_through_elections(intake, limit_s=1)
+    assert 2 <= intake.binds <= 4  # 0.25 + 0.5 + the rest of the second
+
+
+def test_only_timeouts_and_503_are_taken_for_an_election():
+    assert jetstream_busy(nats.errors.TimeoutError())
+    assert jetstream_busy(asyncio.TimeoutError())
+    assert jetstream_busy(ServiceUnavailableError(code=503, err_code=10008))
+    assert not jetstream_busy(ServiceUnavailableError())  # nats-py's no responders: no JetStream
+    assert not jetstream_busy(ServiceUnavailableError(code=503, err_code=10039))  # account
+    assert not jetstream_busy(NotFoundError(code=404))
+    assert not jetstream_busy(nats.errors.NoRespondersError())
+    assert not jetstream_busy(RuntimeError("must use the same --queue"))
