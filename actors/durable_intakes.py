@@ -78,8 +78,9 @@ async def start_intakes(nc, settings: WorkerSettings, pipeline: PipelineSpec | N
 
 async def bind_through_elections(intake: JetStreamIntake, limit_s: float = BIND_RETRY_S) -> None:
     """`intake.bind()`, run again while JetStream is electing a leader (it times out or answers
-    503 "temporarily unavailable"), for up to `limit_s`: a worker started beside a restarting node, or with its cluster,
-    waits for it instead of exiting. Each wait is logged; other failures are raised at once."""
+    503 "temporarily unavailable"), for up to `limit_s`: a worker started beside a restarting
+    node, or with its cluster, waits for it instead of exiting. Each wait is logged; other
+    failures are raised at once."""
     began = time.monotonic()
     for attempt in itertools.count(1):
         try:
