@@ -330,3 +330,30 @@ async def test_a_server_without_jetstream_is_named_at_once(minilm, prefix, tmp_p
         with pytest.raises(RuntimeError, match="need a NATS server with JetStream"):
             await worker.start(server.url)
         await worker.stop()
+
+
+async def test_a_server_short_of_file_store_is_named_with_the_stream_and_plain_serving_goes_on(minilm, prefix, tmp_path, caplog):
+    """docs/DURABLE.md "the room they reserve": a server whose JetStream file store cannot hold
+    the dead-letter stream's 256 MiB, nor the events stream's 64, refuses them (10047): a
+    durable worker exits naming the stream and the fix, and a worker without --durable serves,
+    saying its events are not kept."""
+    from poolwire.actors.nats_server import NatsServer
+
+    conf = tmp_path / "nats.conf"
+    conf.write_text(f'jetstream {{ store_dir: "{tmp_path / "js"}", max_file_store: 48MB }}\n')
+    with NatsServer(store_dir=tmp_path / "nats", config=conf, jetstream=False) as server:
+        durable = Worker(WorkerSettings(prefix=prefix, **DURABLE), minilm)
+        with pytest.raises(RuntimeError, match=r"could not create stream POOLWIRE_DEAD_\S+ .*"
+                                               r"insufficient storage.*JetStream limits"):
+            await durable.start(server.url)
+        await durable.stop()
+        plain = Worker(WorkerSettings(prefix=prefix + "2"), minilm)
+        await plain.start(server.url)
+        try:
+            async with PoolingClient(server.url, prefix=prefix + "2") as client:
+                reply = await client.embed("served all the same")
+            assert len(reply["data"]) == 1
+            assert any("could not create stream POOLWIRE_EVENTS_" in r.getMessage()
+                       and "published but not stored" in r.getMessage() for r in caplog.records)
+        finally:
+            await plain.stop()
