@@ -15,8 +15,9 @@ import logging
 import re
 import time
 from abc import abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from nats.js.api import (AckPolicy, ConsumerConfig, KeyValueConfig, RetentionPolicy, StorageType,
                          StreamConfig)
@@ -36,6 +37,7 @@ from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.requests import request_id_of
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 REPLY_TO_HEADER = "Pooling-Reply-To"
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -86,6 +88,41 @@ def jetstream_busy(exc: BaseException) -> bool:
         isinstance(exc, ServiceUnavailableError) and exc.err_code == JS_CLUSTER_NOT_AVAILABLE)
 
 
+# How long a starting worker waits for JetStream to elect the leaders its set-up needs. An
+# election after a node restart took 8 to 17 s here (RELIABILITY.md); a cluster started
+# together, or short of a majority until a node comes back, takes longer.
+ELECTION_WAIT_S = 120.0
+
+
+async def through_elections(what: str, call: Callable[[], Awaitable[T]],
+                            limit_s: float = ELECTION_WAIT_S) -> T:
+    """`await call()`, run again while JetStream is electing a leader (`jetstream_busy`), for
+    up to `limit_s`: a worker started beside a restarting node, or with its cluster, waits for
+    it instead of failing. Each wait is logged; other failures are raised at once. `call` must
+    be safe to run again after it failed part way."""
+    began, attempt = time.monotonic(), 0
+    while True:
+        attempt += 1
+        try:
+            result = await call()
+            if attempt > 1:
+                log.info("%s: done after %d attempts in %.1f s", what, attempt,
+                         time.monotonic() - began)
+            return result
+        except Exception as exc:
+            delay = store_retry_delay(attempt, time.monotonic() - began, limit_s)
+            if not jetstream_busy(exc):
+                raise
+            if delay is None:
+                raise RuntimeError(
+                    f"{what}: JetStream elected no leader for {limit_s:.0f} s ({exc!r}); "
+                    f"check that a majority of the cluster's nodes is up and routed") from exc
+            log.warning("%s: JetStream did not answer (%r), as happens while it elects a "
+                        "leader; attempt %d, trying again in %.1f s (giving up after %.0f s)",
+                        what, exc, attempt, delay, limit_s)
+            await asyncio.sleep(delay)
+
+
 def dead_subject(prefix: str, task: str) -> str:
     return f"{prefix}.dead.{task}"
 
@@ -104,7 +141,7 @@ async def ensure_stream(js, captures: str, config: StreamConfig) -> str:
         await js.add_stream(config)
     except Exception as exc:
         if jetstream_busy(exc):
-            raise  # the caller waits for the election (start_intakes)
+            raise  # the caller waits for the election (through_elections)
         try:
             return await js.find_stream_name_by_subject(captures)
         except NotFoundError:
@@ -130,7 +167,7 @@ async def ensure_failures_bucket(js, prefix: str, replicas: int):
             replicas=replicas))
     except Exception as exc:
         if jetstream_busy(exc):
-            raise  # the caller waits for the election (start_intakes)
+            raise  # the caller waits for the election (through_elections)
         return await js.key_value(bucket)  # another worker created it meanwhile
 
 
@@ -221,7 +258,7 @@ class JetStreamIntake(Actor):
         # max_deliver unbounded: the worker enforces the bound itself (durable_policy), so that
         # a job past it is dead-lettered and terminated rather than left in the stream unseen.
         # Every step before the subscription is idempotent, so a bind that JetStream's election
-        # interrupted is simply run again (start_intakes).
+        # interrupted is simply run again (through_elections).
         await self._js.add_consumer(stream, ConsumerConfig(
             durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.limits.ack_wait_s,
             max_deliver=-1, filter_subject=filter_subject, max_ack_pending=10000))
@@ -571,7 +608,7 @@ class DurableJobs(JetStreamIntake):
             await self._bind_consumer(stream, names.consumer, captures)
         except Exception as exc:
             if jetstream_busy(exc):
-                raise  # not a conflict: the caller waits for the election (start_intakes)
+                raise  # not a conflict: the caller waits for the election (through_elections)
             raise RuntimeError(
                 f"could not create the durable consumer {names.consumer!r} on stream "
                 f"{stream!r} ({exc}); a work-queue stream allows one consumer per subject, so "

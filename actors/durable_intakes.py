@@ -1,24 +1,11 @@
 """Starting the JetStream intakes a worker's settings ask for: durable jobs (`--durable`) and a
 pipeline (`--pipeline-stream`). Kept apart from worker.py so the worker only wires them in."""
 
-import asyncio
-import itertools
-import logging
-import time
-
-from poolwire.actors.durable import DurableJobs, IntakeLimits, JetStreamIntake, jetstream_busy
-from poolwire.actors.durable_policy import store_retry_delay
+from poolwire.actors.durable import DurableJobs, IntakeLimits, JetStreamIntake, through_elections
 from poolwire.actors.pipeline import PipelineIntake, PipelineSpec
 from poolwire.actors.task_policy import TaskPolicy
 from poolwire.schemas.tasks import Task, parse_task
 from poolwire.settings import WorkerSettings
-
-log = logging.getLogger(__name__)
-
-# How long a starting worker waits for JetStream to elect the leaders its bind needs. An
-# election after a node restart took 8 to 17 s here (durable_policy.exhausted); a cluster
-# started together, or short of quorum until a node comes back, takes longer.
-BIND_RETRY_S = 120.0
 
 
 def pipeline_spec(settings: WorkerSettings, policy: TaskPolicy) -> PipelineSpec:
@@ -63,7 +50,7 @@ async def start_intakes(nc, settings: WorkerSettings, pipeline: PipelineSpec | N
         intakes.append(PipelineIntake(spec=pipeline, **common))
     for intake in intakes:
         try:
-            await bind_through_elections(intake)
+            await through_elections(intake.name, intake.bind)
         except RuntimeError:
             raise
         except Exception as exc:  # e.g. the server runs without JetStream
@@ -75,29 +62,3 @@ async def start_intakes(nc, settings: WorkerSettings, pipeline: PipelineSpec | N
         supervisor.start_loop(f"{intake.name}-progress", intake.progress_loop)
     return intakes
 
-
-async def bind_through_elections(intake: JetStreamIntake, limit_s: float = BIND_RETRY_S) -> None:
-    """`intake.bind()`, run again while JetStream is electing a leader (it times out or answers
-    503 "temporarily unavailable"), for up to `limit_s`: a worker started beside a restarting
-    node, or with its cluster, waits for it instead of exiting. Each wait is logged; other
-    failures are raised at once."""
-    began = time.monotonic()
-    for attempt in itertools.count(1):
-        try:
-            await intake.bind()
-            if attempt > 1:
-                log.info("%s: bound after %d attempts in %.1f s", intake.name, attempt,
-                         time.monotonic() - began)
-            return
-        except Exception as exc:
-            delay = store_retry_delay(attempt, time.monotonic() - began, limit_s)
-            if not jetstream_busy(exc):
-                raise
-            if delay is None:
-                raise RuntimeError(
-                    f"{intake.name}: JetStream elected no leader for {limit_s:.0f} s ({exc!r}); "
-                    f"check that a majority of the cluster's nodes is up and routed") from exc
-            log.warning("%s: JetStream did not answer the bind (%r), as happens while it elects "
-                        "a leader; attempt %d, trying again in %.1f s (giving up after %.0f s)",
-                        intake.name, exc, attempt, delay, limit_s)
-            await asyncio.sleep(delay)

@@ -5,6 +5,7 @@ import logging
 
 import msgpack
 
+from poolwire.actors.durable import jetstream_busy, through_elections
 from poolwire.actors.metrics import WorkerMetrics
 from poolwire.schemas.events import DeprecationEvent
 
@@ -24,7 +25,9 @@ def events_stream_name(prefix: str) -> str:
 
 async def ensure_events_stream(nc, prefix: str) -> str | None:
     """Reuse any stream that already captures `P.events.>`, else create ours. Returns the
-    stream's name, or None when the server has no JetStream (events are then core-NATS only)."""
+    stream's name, or None when the server has no JetStream or no room (events are then
+    core-NATS only). Raises what `jetstream_busy` takes for an election: see
+    `events_stream_when_elected`."""
     from nats.js.api import StreamConfig
     from nats.js.errors import NotFoundError
 
@@ -32,6 +35,8 @@ async def ensure_events_stream(nc, prefix: str) -> str | None:
     try:
         await js.account_info()
     except Exception as exc:  # no JetStream on this server (or no permission to use it)
+        if jetstream_busy(exc):
+            raise
         log.warning("JetStream is not available (%s): deprecation events are not stored", exc)
         return None
     try:
@@ -46,11 +51,23 @@ async def ensure_events_stream(nc, prefix: str) -> str | None:
         await js.add_stream(StreamConfig(name=name, subjects=[f"{prefix}.events.>"],
                                          max_age=EVENTS_MAX_AGE_S, max_bytes=EVENTS_MAX_BYTES))
     except Exception as exc:  # e.g. the server's JetStream storage is exhausted
+        if jetstream_busy(exc):
+            raise
         log.error("could not create stream %s for %s.events.> (%s): deprecation events are "
                   "published but not stored", name, prefix, exc)
         return None
     log.info("created stream %s for %s.events.>", name, prefix)
     return name
+
+
+async def events_stream_when_elected(nc, prefix: str) -> None:
+    """`ensure_events_stream` for a worker that found JetStream electing a leader at start: it
+    serves meanwhile (the events it publishes until then are not stored), and this makes the
+    stream once JetStream answers, or says for how long it did not."""
+    try:
+        await through_elections("the events stream", lambda: ensure_events_stream(nc, prefix))
+    except Exception as exc:
+        log.error("%s: deprecation events are published but not stored", exc)
 
 
 class EventPublisher:

@@ -18,8 +18,10 @@ from poolwire.actors.engine import EngineActor, EngineLimits
 from poolwire.actors.selfcheck import SelfCheck
 from poolwire.actors.watchdog import Watchdog
 from poolwire.actors.discovery import Discovery
+from poolwire.actors.durable import jetstream_busy
 from poolwire.actors.durable_intakes import pipeline_spec, start_intakes
-from poolwire.actors.events import EventPublisher, ensure_events_stream
+from poolwire.actors.events import (EventPublisher, ensure_events_stream,
+                                    events_stream_when_elected)
 from poolwire.actors.ingest import IngestActor
 from poolwire.actors.metrics import QueueGauges, WorkerMetrics
 from poolwire.models.m3 import DEFAULT_HYBRID_WEIGHTS, SCORE_METHODS as M3_SCORE_METHODS
@@ -204,7 +206,15 @@ class Worker:
         # the first request from another connection in about 1 start in 50 here.
         await self.ingest.subscribe()
         await self.nc.flush()
-        await ensure_events_stream(self.nc, s.prefix)
+        try:
+            await ensure_events_stream(self.nc, s.prefix)
+        except Exception as exc:
+            if not jetstream_busy(exc):
+                raise
+            log.warning("JetStream did not answer (%r), as happens while it elects a leader: "
+                        "serving now, and making the events stream once it answers", exc)
+            self.supervisor.start_loop("events-stream",
+                                       lambda: events_stream_when_elected(self.nc, s.prefix))
         for actor in (self.engine, self.validator, self.ingest):
             self.supervisor.start_actor(actor)
         self.supervisor.start_loop("engine-batches", self.engine.batch_loop,

@@ -11,8 +11,10 @@ import msgpack
 import nats
 import pytest
 from nats.js.api import StreamConfig
+from nats.js.errors import NotFoundError
 
 from poolwire.actors.durable import stream_name
+from poolwire.actors.events import events_stream_name
 from poolwire.actors.worker import Worker
 from poolwire.client import PoolingClient
 from poolwire.settings import WorkerSettings
@@ -298,15 +300,16 @@ def test_a_cluster_starts_again_on_other_ports_when_a_route_port_was_taken(monke
 async def test_a_worker_started_before_its_cluster_has_quorum_waits_and_then_serves(
         minilm, prefix, tmp_path, caplog):
     """A durable worker started beside one node of three (no JetStream leader can be elected)
-    waits for the election instead of exiting, and serves once a majority is back. It exited
-    at start before, blaming --queue, when add_consumer timed out during an election."""
+    waits for the election instead of exiting, and serves once a majority is back, its events
+    stream made then too. It exited at start before, blaming --queue, when add_consumer timed
+    out during an election."""
     with NatsCluster() as cluster:
         cluster.kill("B")
         cluster.kill("C")
         worker = Worker(WorkerSettings(prefix=prefix, durable=True, durable_replicas=3), minilm)
         starting = asyncio.create_task(worker.start(cluster.urls["A"]))
         try:
-            await poll_until(lambda: _logged(caplog, "JetStream did not answer the bind"), 60)
+            await poll_until(lambda: _logged(caplog, "durable: JetStream did not answer"), 60)
             assert not starting.done()
             lone_s = time.monotonic()
             cluster.restart("B")
@@ -316,10 +319,22 @@ async def test_a_worker_started_before_its_cluster_has_quorum_waits_and_then_ser
             async with PoolingClient(cluster.urls["A"], prefix=prefix, timeout=60) as client:
                 reply = await client.submit("embed", {"input": "after the election",
                                                       "request_id": "quorum-1"})
-            waits = sum("JetStream did not answer the bind" in r.getMessage()
+            waits = sum("durable: JetStream did not answer" in r.getMessage()
                         for r in caplog.records)
             report("bind_through_election", waits_logged=waits, bound_s_after_quorum=bound_s)
             assert reply["request_id"] == "quorum-1" and len(reply["data"]) == 1
+            # The events stream, which found no leader at start either, is made afterwards.
+            nc = await nats.connect(cluster.urls["A"])
+            try:
+                async def events_kept() -> bool:
+                    try:
+                        await nc.jetstream().stream_info(events_stream_name(prefix))
+                        return True
+                    except NotFoundError:
+                        return False
+                await poll_until(events_kept, 30)
+            finally:
+                await nc.close()
         finally:
             if not starting.done():
                 starting.cancel()

@@ -13,8 +13,8 @@ from poolwire.actors.durable_policy import (POISON_SPAN_S, STORE_RETRY_S, Outcom
                                             counts_as_failure, dead_letter, exhausted, on_error,
                                             pull_size, retry_delay, store_retry_delay)
 from poolwire.actors.framing import header_bytes
-from poolwire.actors.durable import jetstream_busy
-from poolwire.actors.durable_intakes import bind_through_elections, pipeline_spec
+from poolwire.actors.durable import jetstream_busy, through_elections
+from poolwire.actors.durable_intakes import pipeline_spec
 from poolwire.actors.pipeline import PipelineSpec, output_subject, request_for
 from poolwire.actors.task_policy import TaskPolicy
 from poolwire.schemas.tasks import Task
@@ -172,7 +172,6 @@ def test_a_dead_letter_over_max_payload_leaves_out_the_job_then_cuts_the_error(m
 
 class _Intake:
     """An intake whose bind fails with each of `failures` in turn, then works."""
-    name = "fake"
 
     def __init__(self, *failures: BaseException) -> None:
         self.failures = list(failures)
@@ -186,21 +185,21 @@ class _Intake:
 
 async def test_a_bind_is_run_again_while_jetstream_elects_a_leader():
     intake = _Intake(nats.errors.TimeoutError(), ServiceUnavailableError(code=503, err_code=10008))
-    await bind_through_elections(intake, limit_s=10)
+    await through_elections("fake", intake.bind, limit_s=10)
     assert intake.binds == 3
 
 
 async def test_a_bind_failing_otherwise_is_raised_at_once():
     intake = _Intake(NotFoundError(code=404), nats.errors.TimeoutError())
     with pytest.raises(NotFoundError):
-        await bind_through_elections(intake, limit_s=10)
+        await through_elections("fake", intake.bind, limit_s=10)
     assert intake.binds == 1
 
 
 async def test_a_bind_still_unanswered_at_the_limit_says_so():
     intake = _Intake(*[nats.errors.TimeoutError()] * 10)
     with pytest.raises(RuntimeError, match="elected no leader for 1 s"):
-        await bind_through_elections(intake, limit_s=1)
+        await through_elections("fake", intake.bind, limit_s=1)
     assert 2 <= intake.binds <= 4  # 0.25 + 0.5 + the rest of the second
 
 
