@@ -211,6 +211,11 @@ def fixed_width(width: int, widths: tuple[int, ...]) -> int | None:
     return next((w for w in widths if w >= width), None)
 
 
+def _cut(out: np.ndarray, forward: str, width: int) -> np.ndarray:
+    """A one-row pass's outputs without its padding: a per-token pass's rows past `width` go."""
+    return out[:, :width] if forward in PER_TOKEN else out
+
+
 def pad_into(row: np.ndarray, array: np.ndarray) -> None:
     """A one-row input (ids, mask or segment ids) written into a [1, width] buffer, right-padded
     with zeros: id 0 exists in every vocabulary, and the mask's zeros keep it out of every real
@@ -411,12 +416,11 @@ class OpenVinoBackend:
             raise ValueError(f"{self.model.architecture} has no {forward} forward pass")
         arrays = (ids.numpy(), mask.numpy(), types.numpy())
         rows, width = arrays[0].shape
-        passes = self._one_row.get(forward)
-        fixed = fixed_width(width, tuple(passes)) if passes and rows == 1 else None
-        if fixed is not None:
+        row_pass = self._row_pass(forward, width) if rows == 1 else None
+        if row_pass is not None:
             with self._lock:
-                out = passes[fixed].infer(arrays)
-            return torch.from_numpy(out[:, :width] if forward in PER_TOKEN else out)
+                out = row_pass.infer(arrays)
+            return torch.from_numpy(_cut(out, forward, width))
         twin = self._twins.get(forward)
         if takes_one_thread(twin, ids.numel(), self.small_batch_s):
             compiled = twin.compiled
@@ -430,13 +434,18 @@ class OpenVinoBackend:
         one-row passes, or a text past the widest). What `run` gives for the same one-row
         batch, without the batch's tensors: one request at a time, padding, tensors and the
         batch pooling cost the near-zero model more than its pass (forward.run_batch)."""
-        passes = self._one_row.get(forward)
-        fixed = fixed_width(len(ids), tuple(passes)) if passes and ids else None
-        if fixed is None:
+        row_pass = self._row_pass(forward, len(ids)) if ids else None
+        if row_pass is None:
             return None
         with self._lock:
-            out = passes[fixed].infer_ids(ids)
-        return out[:, :len(ids)] if forward in PER_TOKEN else out
+            out = row_pass.infer_ids(ids)
+        return _cut(out, forward, len(ids))
+
+    def _row_pass(self, forward: str, width: int) -> "_OneRow | None":
+        """The narrowest one-row pass of `forward` that holds `width` tokens, if any."""
+        passes = self._one_row.get(forward)
+        fixed = fixed_width(width, tuple(passes)) if passes else None
+        return passes[fixed] if fixed is not None else None
 
     def seconds_alone(self, forward: str, tokens: int) -> float | None:
         """The one-thread twin's modelled time for a batch it takes; None for a batch the
