@@ -61,4 +61,3 @@ async def start_intakes(nc, settings: WorkerSettings, pipeline: PipelineSpec | N
         supervisor.start_loop(f"{intake.name}-pull", intake.pull_loop)
         supervisor.start_loop(f"{intake.name}-progress", intake.progress_loop)
     return intakes
-
