@@ -221,9 +221,15 @@ class ShapeResult:
                 f"{self.ratio():.2f}x")
 
 
+def side_name(floor: bool) -> str:
+    """Who the measured side is: `poolwire serve`, or with --floor bench/floor_worker.py."""
+    return "the floor worker" if floor else "poolwire"
+
+
 def markdown(results: list[ShapeResult], machine_line: str, command: str,
-             processes: int = 1) -> str:
-    workers = "poolwire, near-zero model" + (f", {processes} processes" if processes > 1 else "")
+             processes: int = 1, floor: bool = False) -> str:
+    who = side_name(floor)
+    workers = f"{who}, near-zero model" + (f", {processes} processes" if processes > 1 else "")
     out = ["## The service's own cost", "", f"CPU: {machine_line}", "",
            f"| setup | bare responder | {workers} | ratio | load avg | other cores |",
            "| --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -250,7 +256,7 @@ def markdown(results: list[ShapeResult], machine_line: str, command: str,
     names = sorted({n for r in results for n in r.backend_threads})
     errors = sum(r.poolwire.errors + r.bare.errors for r in results)
     out += ["", f"backend threads seen: {', '.join(names) or 'none'}. Errors: {errors}. "
-                f"Ratios: poolwire's texts/s over the responder's (higher is better), or its "
+                f"Ratios: {who}'s texts/s over the responder's (higher is better), or its "
                 f"median round trip over the responder's (lower is better).",
             "", f"command: {command}"]
     return "\n".join(out)
@@ -324,7 +330,8 @@ def _errors(replies: list[bytes], per_request: int) -> int:
 
 
 async def measure(url: str, worker_pids: list[int], responder_pid: int, shapes: list[Shape],
-                  rounds: int, scale: float, timeout: float) -> list[ShapeResult]:
+                  rounds: int, scale: float, timeout: float,
+                  label: str = "poolwire") -> list[ShapeResult]:
     import msgpack
     import nats
 
@@ -383,7 +390,7 @@ async def measure(url: str, worker_pids: list[int], responder_pid: int, shapes: 
             result = ShapeResult(shape, sides["bare"], sides["poolwire"], sorted(names),
                                  os.getloadavg()[0], meter.cores())
             bare, pool, ratio = result.cells()
-            log(f"{shape.label}: bare {bare}, poolwire {pool}, ratio {ratio} (load average "
+            log(f"{shape.label}: bare {bare}, {label} {pool}, ratio {ratio} (load average "
                 f"{result.load_average:.2f}, other processes {result.background_cores:.2f} cores)")
             results.append(result)
         return results
@@ -423,14 +430,17 @@ def run(args: argparse.Namespace, command: str) -> tuple[list[ShapeResult], str]
                 worker = WorkerProcess(url, str(model),
                                        ["--state-dir", str(tmp_path / f"state-{n}"),
                                         *shlex.split(args.worker_args or "")],
-                                       tmp_path / f"worker-{n}.log", profile)
+                                       tmp_path / f"worker-{n}.log", profile,
+                                       program=[str(_HERE / "floor_worker.py")] if args.floor
+                                       else None)
                 workers.append(worker)
                 worker.start()
             responder_proc = _start_responder(url, tmp_path / "responder.log")
             log(f"{len(workers)} worker process(es) and the responder ready; {args.rounds} "
                 f"rounds a shape")
             results = asyncio.run(measure(url, [w.pid for w in workers], responder_proc.pid,
-                                          shapes, args.rounds, args.scale, args.timeout_s))
+                                          shapes, args.rounds, args.scale, args.timeout_s,
+                                          side_name(args.floor)))
         finally:
             if responder_proc is not None:
                 stop_process(responder_proc)
@@ -441,7 +451,7 @@ def run(args: argparse.Namespace, command: str) -> tuple[list[ShapeResult], str]
         from bench.worker import _print_profile
 
         _print_profile(Path(args.profile) / "worker-0.prof", "near-zero worker", top=45)
-    return results, markdown(results, machine.describe(), command, args.processes)
+    return results, markdown(results, machine.describe(), command, args.processes, args.floor)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -458,6 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the machine (and device); CPU is summed over them (default 1)")
     p.add_argument("--worker-args", default="",
                    help="extra `poolwire serve` options, one string")
+    p.add_argument("--floor", action="store_true",
+                   help="run bench/floor_worker.py in place of `poolwire serve`: the least a "
+                        "Python worker does around poolwire's model code, to set against "
+                        "poolwire's figures of the same command")
     p.add_argument("--timeout-s", type=float, default=60.0, help="per request")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--profile", metavar="DIR",
@@ -495,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(s.key for s in SHAPES)}")
     if args.scale <= 0:
         build_parser().error(f"--scale must be above 0, got {args.scale}")
+    if args.floor and args.worker_args:
+        build_parser().error("--worker-args are `poolwire serve` options; the floor worker "
+                             "(--floor) takes none")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # `timeout` (gpu_check.sh) sends SIGTERM: exit through the finally blocks, which stop the
     # workers, the responder and the nats-server this run started.

@@ -26,8 +26,11 @@ class WorkerProcess:
     """`python -m poolwire serve` in a process of its own, as in production."""
 
     def __init__(self, url: str, model: str | None, worker_args: list[str], log_path: Path,
-                 profile_path: Path | None = None, torch_threads: int | None = None) -> None:
+                 profile_path: Path | None = None, torch_threads: int | None = None,
+                 program: list[str] | None = None) -> None:
         self.url = url
+        # What runs in place of `-m poolwire serve` (bench/floor_worker.py), taking its options.
+        self.program = program or ["-m", "poolwire", "serve"]
         self.torch_threads = torch_threads
         self.model = model
         self.worker_args = worker_args
@@ -44,7 +47,7 @@ class WorkerProcess:
         cmd = [sys.executable]
         if self.profile_path is not None:
             cmd += ["-m", "cProfile", "-o", str(self.profile_path)]
-        cmd += ["-m", "poolwire", "serve", "--nats-url", self.url, "--prefix", PREFIX]
+        cmd += [*self.program, "--nats-url", self.url, "--prefix", PREFIX]
         if self.model:
             cmd += ["--model", self.model]
         cmd += self.worker_args

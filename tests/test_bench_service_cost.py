@@ -61,6 +61,7 @@ def test_table_shows_ratios_each_way_and_cpu_per_text():
     (["--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
     (["--processes", "x"], "argument --processes: not a whole number: 'x'"),
     (["--scale", "0"], "--scale must be above 0"),
+    (["--floor", "--worker-args=--backend torch"], "the floor worker (--floor) takes none"),
 ])
 def test_bad_arguments_name_the_value(args, message, capsys):
     assert message in usage_error(sc.main, args, capsys)
@@ -90,3 +91,34 @@ def test_a_tiny_run_answers_every_request_on_both_sides(tmp_path, capsys):
         assert r["poolwire"]["gc_s"] >= 0  # the workers' collector time, from the same reply
     assert sum(sum(r["poolwire"]["cpu_s"].values()) for r in results) > 0
     assert text.count("texts/s") >= 2 and "median round trip" in text
+
+
+@pytest.mark.timeout(300)
+def test_the_floor_worker_answers_every_request_in_place_of_poolwire(tmp_path, capsys):
+    out = tmp_path / "floor.json"
+    rc = sc.main(["--floor", "--scale", "0.02", "--rounds", "1", "--shapes", "1x64,32x8",
+                  "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "| the floor worker, near-zero model |" in text
+    for r in json.loads(out.read_text()):
+        side = r["poolwire"]  # the measured side's key, whichever program served it
+        assert side["errors"] == 0 and side["texts"] > 0
+        assert side["sequences"] == side["texts"]  # counted from its $SRV.STATS answer
+        assert 1 <= side["batches"] <= side["sequences"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ([1, 2], "a MessagePack map with `input`"),
+    ({"inputs": "x"}, "a MessagePack map with `input`"),
+    ({"input": []}, "a non-empty list of strings"),
+    ({"input": ["a", 3]}, "a non-empty list of strings"),
+    ({"input": b"bytes"}, "a non-empty list of strings"),
+])
+def test_the_floor_worker_names_what_is_wrong_with_a_request(body, message):
+    from bench.floor_worker import texts_of
+
+    with pytest.raises(ValueError, match=message):
+        texts_of(body)
+    assert texts_of({"input": "one"}) == ["one"]
+    assert texts_of({"input": ["a", "b"]}) == ["a", "b"]
