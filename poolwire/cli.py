@@ -223,9 +223,17 @@ async def serve(settings: WorkerSettings) -> int:
     try:
         await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
+            connected = worker.nc is not None
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
-            print("poolwire: stopped before the NATS connection was made", flush=True)
+            if not connected:
+                print("poolwire: stopped before the NATS connection was made", flush=True)
+                return 0
+            # Connected, and still starting: waiting for a JetStream election (durable
+            # intakes), whose wait the log shows. Plain requests were served meanwhile, so the
+            # stop below drains them as any stop does.
+            print("poolwire: stopped during start-up, connected to NATS; draining what it took",
+                  flush=True)
             return 0
         try:
             starting.result()

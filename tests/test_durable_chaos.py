@@ -19,7 +19,7 @@ from poolwire.actors.worker import Worker
 from poolwire.client import PoolingClient
 from poolwire.settings import WorkerSettings
 from tests.helpers import poll_until
-from tests.procs import NatsCluster, WorkerProcess
+from tests.procs import NatsCluster, WorkerProcess, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
@@ -343,3 +343,43 @@ async def test_a_worker_started_before_its_cluster_has_quorum_waits_and_then_ser
 
 async def _logged(caplog, text: str) -> bool:
     return any(text in r.getMessage() for r in caplog.records)
+
+
+async def test_sigterm_while_a_worker_waits_for_an_election_answers_what_it_took(prefix, tmp_path):
+    """`poolwire serve` waiting for a JetStream election at start (its durable intake found no
+    leader) already answers plain requests; SIGTERM then drains them like any stop: every
+    request it took is answered, later ones find no responders, and it exits 0 at once with a
+    line that says where it was."""
+    with NatsCluster() as cluster:
+        cluster.kill("B")
+        cluster.kill("C")
+        worker = WorkerProcess(cluster.urls["A"], prefix, "--durable", "--durable-replicas", "3",
+                               log_dir=tmp_path)
+        log = worker.log_path.open("wb")
+        worker.proc = await asyncio.create_subprocess_exec(
+            *worker.args, stdout=asyncio.subprocess.PIPE, stderr=log, env=worker_env())
+        log.close()
+        try:
+            async def waiting() -> bool:
+                return "durable: JetStream did not answer" in worker.log_tail(10**6)
+            await poll_until(waiting, 120)
+            async with PoolingClient(cluster.urls["A"], prefix=prefix, timeout=30) as client:
+                first = await client.embed(["answered while the election is pending"])
+                assert len(first["data"]) == 1
+                sent = [asyncio.create_task(client.embed([f"in flight {i}"])) for i in range(32)]
+                await asyncio.sleep(0.02)
+                signalled = time.monotonic()
+                worker.terminate()
+                out = (await asyncio.wait_for(worker.proc.stdout.read(), 60)).decode()
+                rc = await asyncio.wait_for(worker.proc.wait(), 60)
+                exited_s = round(time.monotonic() - signalled, 2)
+                results = await asyncio.gather(*sent, return_exceptions=True)
+            answered = sum(isinstance(r, dict) and len(r["data"]) == 1 for r in results)
+            refused = sum(isinstance(r, nats.errors.NoRespondersError) for r in results)
+            report("sigterm_during_election_wait", answered=answered, no_responders=refused,
+                   exited_s=exited_s)
+            assert rc == 0, worker.log_tail()
+            assert answered + refused == len(sent), results  # no timeout: nothing lost
+            assert "stopped during start-up, connected to NATS" in out, out
+        finally:
+            await worker.close()
