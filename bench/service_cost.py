@@ -4,6 +4,7 @@ a bare nats-py responder on the same nats-server, driven by the same client, int
     python bench/service_cost.py                 # the full run (about 2 minutes)
     python bench/service_cost.py --scale 0.1     # a small run, to check that it works
     python bench/service_cost.py --worker-args="--openvino-threads 1"
+    python bench/service_cost.py --floor         # bench/floor_worker.py in poolwire's place
 
 The model (built here, into a temporary folder, never shipped): a 1-layer, 32-wide BERT with
 mean pooling, saved as a Sentence-Transformers folder with MiniLM's tokenizer. Its forward pass

@@ -272,6 +272,10 @@ async def serve(settings: WorkerSettings) -> int:
         finally:  # the embedded server is ours: it goes whatever the drain did
             if server is not None:
                 server.stop()
+            # The heap frozen at start goes back to the collector before exit: objects still
+            # frozen then are never freed, and nanobind's extensions (Triton's) report each of
+            # theirs as a leak, some thirty lines on stderr at every stop.
+            gc.unfreeze()
     print("poolwire: stopped", flush=True)
     return code
 
