@@ -32,10 +32,10 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 READY_LINE = "floor worker: configured task embed (a benchmark reference, not poolwire)"
 
 
-def error_reply(message: str) -> bytes:
+def error_reply(message: str, code: str = "invalid_request") -> bytes:
     import msgpack
 
-    return msgpack.packb({"error": {"code": "invalid_request", "message": message}})
+    return msgpack.packb({"error": {"code": code, "message": message}})
 
 
 def texts_of(body) -> list[str]:
@@ -94,7 +94,13 @@ async def serve(args: argparse.Namespace) -> None:
     print(READY_LINE, flush=True)
 
     async def deliver(computing, requests) -> None:
-        result = await computing
+        try:
+            result = await computing
+        except Exception as exc:  # the burst's requests are answered, and the worker goes on
+            for msg, _, _ in requests:
+                await nc.publish(msg.reply, error_reply(f"the forward pass failed: {exc!r}",
+                                                        "internal"))
+            return
         counts["batches"] += 1
         counts["sequences"] += len(result.outputs)
         counts["seconds"] += result.forward_s + result.pool_s
