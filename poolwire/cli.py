@@ -226,13 +226,11 @@ async def serve(settings: WorkerSettings) -> int:
             connected = worker.nc is not None
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
-            if not connected:
-                print("poolwire: stopped before the NATS connection was made", flush=True)
-                return 0
-            # Connected, and still starting: waiting for a JetStream election (durable
-            # intakes), whose wait the log shows. Plain requests were served meanwhile, so the
-            # stop below drains them as any stop does.
-            print("poolwire: stopped during start-up, connected to NATS; draining what it took",
+            # Connected and still starting means waiting for a JetStream election (durable
+            # intakes; the log shows the wait) while serving plain requests, which the stop
+            # below drains as any stop does.
+            print("poolwire: stopped during start-up, connected to NATS; draining what it took"
+                  if connected else "poolwire: stopped before the NATS connection was made",
                   flush=True)
             return 0
         try:
