@@ -193,11 +193,13 @@ class EngineActor(Actor):
     def _to_tokenize(self, job: Job) -> bool:
         """Queue a job whose texts are tokenized beside the mailbox (True), or leave it to be
         planned at once (False): a one-text job on an idle engine (one request at a time)
-        costs less encoded here than handed to a thread and back."""
+        costs less encoded here than handed to a thread and back. Idle means nothing behind it
+        either: the first job of a burst joins the rest of the burst, whose batch call and
+        forward pass it would otherwise run ahead of, in a pass of its own."""
         if not self._tokenizing.encodes_ahead:
             return False
         texts = texts_for_ids(job.task, job.request, self.model)
-        idle = not (self._tokenize_jobs or self._in_forward or len(self._planner))
+        idle = not (self._in_forward or len(self._planner)) and self._on_its_way() <= 1
         if not texts or (len(texts) == 1 and idle):
             return False
         self._tokenize_queue.append((job, texts))

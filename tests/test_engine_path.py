@@ -180,3 +180,69 @@ async def test_an_answered_request_is_freed_with_its_reply_not_by_the_collector(
             assert left == [], f"{len(left)} answered requests wait for the collector"
     finally:
         gc.enable()
+
+
+class _Recorder(_Replier):
+    """A replier that keeps what the engine sends, and says when `expected` replies came."""
+
+    def __init__(self, expected: int) -> None:
+        self.bodies, self.errors = [], []
+        self._expected = expected
+        self.all_in = asyncio.Event()
+
+    def _count(self) -> None:
+        if len(self.bodies) + len(self.errors) >= self._expected:
+            self.all_in.set()
+
+    async def send(self, subject, body, headers=None) -> None:
+        self.bodies.append(msgpack.unpackb(body))
+        self._count()
+
+    async def send_error(self, subject, request_id, error, fmt, headers=None) -> None:
+        self.errors.append(error)
+        self._count()
+
+
+def _one_text_job(i: int):
+    from poolwire.actors.messages import Job
+    from poolwire.schemas.codec import WireFormat
+    from poolwire.schemas.requests import parse_request
+    from poolwire.schemas.tasks import Task
+
+    request = parse_request(Task.EMBED, {"input": TEXTS[i], "request_id": f"r{i}"})
+    return Job(request=request, task=Task.EMBED, reply=f"_INBOX.{i}", fmt=WireFormat.MSGPACK,
+               request_id=f"r{i}", received_at=0.0)
+
+
+@pytest.mark.parametrize("burst", [8, 1])
+async def test_the_first_job_of_a_burst_waits_for_the_rest_of_it(minilm, monkeypatch, burst):
+    """A burst of one-text requests reaching an idle engine (all its jobs in the mailbox) is
+    tokenized in one batch call and computed in one forward pass: its first job finds the
+    engine idle but the others right behind it, and joins them instead of running a pass of
+    its own ahead of them (which every burst paid at 64 requests in flight:
+    bench/service_cost.py). A job that is alone is still planned at once, without the round
+    trip through the tokenize thread."""
+    calls = []
+    real = Tokenizing.encode_ahead
+
+    def counted(self, triples):
+        calls.append(len(triples))
+        return real(self, triples)
+
+    monkeypatch.setattr(Tokenizing, "encode_ahead", counted)
+    replier = _Recorder(burst)
+    engine = EngineActor(minilm, replier, EngineLimits())
+    for i in range(burst):
+        engine.tell(_one_text_job(i))
+    running = [asyncio.create_task(engine.run()), asyncio.create_task(engine.batch_loop())]
+    try:
+        await asyncio.wait_for(replier.all_in.wait(), 60)
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await engine.close()
+    assert replier.errors == []
+    assert sorted(b["request_id"] for b in replier.bodies) == [f"r{i}" for i in range(burst)]
+    assert engine.stats.batches == 1
+    assert calls == ([burst] if burst > 1 else [])
