@@ -28,6 +28,19 @@ async def _embed_all(nc, prefix):
     return [msgpack.unpackb(r.data) for r in replies] + [msgpack.unpackb(lone.data)]
 
 
+def _count_batch_calls(monkeypatch) -> list[int]:
+    """The tokenize thread's batch calls from now on, as the number of texts each encoded."""
+    calls = []
+    real = Tokenizing.encode_ahead
+
+    def counted(self, triples):
+        calls.append(len(triples))
+        return real(self, triples)
+
+    monkeypatch.setattr(Tokenizing, "encode_ahead", counted)
+    return calls
+
+
 def _vectors(frames):
     return [np.array([d["data"] for d in f["data"]], dtype=np.float32) for f in frames]
 
@@ -38,14 +51,7 @@ async def test_jobs_tokenized_beside_the_mailbox_are_answered_as_if_planned_alon
     does not depend on the request or batch that carried it. Then the same with that thread
     failing on every call: each job is tokenized as it is planned instead (the path a lone
     request takes), and answered with the same vectors, no failure counted."""
-    calls = []
-    real = Tokenizing.encode_ahead
-
-    def counted(self, triples):
-        calls.append(len(triples))
-        return real(self, triples)
-
-    monkeypatch.setattr(Tokenizing, "encode_ahead", counted)
+    calls = _count_batch_calls(monkeypatch)
     async with start_worker(minilm) as worker:
         first = await _embed_all(nc, prefix)
         assert worker.engine.failures == 0
@@ -222,14 +228,7 @@ async def test_the_first_job_of_a_burst_waits_for_the_rest_of_it(minilm, monkeyp
     its own ahead of them (which every burst paid at 64 requests in flight:
     bench/service_cost.py). A job that is alone is still planned at once, without the round
     trip through the tokenize thread."""
-    calls = []
-    real = Tokenizing.encode_ahead
-
-    def counted(self, triples):
-        calls.append(len(triples))
-        return real(self, triples)
-
-    monkeypatch.setattr(Tokenizing, "encode_ahead", counted)
+    calls = _count_batch_calls(monkeypatch)
     replier = _Recorder(burst)
     engine = EngineActor(minilm, replier, EngineLimits())
     for i in range(burst):
