@@ -1,7 +1,7 @@
 """The engine's hot path around the model (issue: the service's own cost): texts tokenized in
 a thread beside the mailbox, in one batch call for the jobs queued together, with every job
-answered whatever that thread does; and the batching wait, which ends once nothing more is on
-its way."""
+answered whatever that thread does; a burst's first job computed with the rest of it; and the
+batching wait, which ends once nothing more is on its way."""
 
 import asyncio
 import gc
@@ -12,7 +12,11 @@ import pytest
 
 from poolwire.actors.batch_planner import QueuedItem
 from poolwire.actors.engine import EngineActor, EngineLimits
+from poolwire.actors.messages import Job
 from poolwire.models.tokenizing import Tokenizing
+from poolwire.schemas.codec import WireFormat
+from poolwire.schemas.requests import parse_request
+from poolwire.schemas.tasks import Task
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -209,12 +213,7 @@ class _Recorder(_Replier):
         self._count()
 
 
-def _one_text_job(i: int):
-    from poolwire.actors.messages import Job
-    from poolwire.schemas.codec import WireFormat
-    from poolwire.schemas.requests import parse_request
-    from poolwire.schemas.tasks import Task
-
+def _one_text_job(i: int) -> Job:
     request = parse_request(Task.EMBED, {"input": TEXTS[i], "request_id": f"r{i}"})
     return Job(request=request, task=Task.EMBED, reply=f"_INBOX.{i}", fmt=WireFormat.MSGPACK,
                request_id=f"r{i}", received_at=0.0)
