@@ -54,19 +54,18 @@ async def serve(args: argparse.Namespace) -> None:
 
     import msgpack
     import nats
-    from tokenizers import Tokenizer
-
     from poolwire.actors.engine import name_os_thread
     from poolwire.models.backend_choice import build_backend
     from poolwire.models.forward import run_batch
     from poolwire.models.model import load_model
     from poolwire.models.task_heads import Forward, PoolSpec
-    from poolwire.models.tokenizing import TokenSeq
+    from poolwire.models.tokenizing import Tokenizing
 
     model = load_model(args.model)
     backend = build_backend("auto", model, "exact", "float32", Path(args.state_dir) / "openvino")
-    tokenizer = Tokenizer.from_str(model.tokenizer._tokenizer.to_str())
-    tokenizer.enable_truncation(model.max_length)
+    # The engine's own batch call (its tokenize thread's copy of the Rust tokenizer), every text
+    # cut at the model's maximum length (truncate_prompt_tokens -1).
+    tokenizing = Tokenizing(model.tokenizer, model.max_length)
     spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=model.normalize_default)
     # Named as the worker's threads are, so that service_cost.py's CPU split reads the same.
     tokenize = ThreadPoolExecutor(1, initializer=name_os_thread, initargs=("poolwire-tokenize",))
@@ -132,8 +131,10 @@ async def serve(args: argparse.Namespace) -> None:
             requests.append((msg, body.get("request_id"), len(batch)))
         if not texts:
             continue
-        encodings = await loop.run_in_executor(tokenize, tokenizer.encode_batch_fast, texts)
-        seqs = [TokenSeq(e.ids) for e in encodings]
+        ahead = await loop.run_in_executor(tokenize, tokenizing.encode_ahead,
+                                           [(text, -1, "right") for text in texts])
+        tokenizing.use_ahead(ahead)
+        seqs = tokenizing.texts(texts, -1, "right")
         if delivering is not None:
             await delivering  # one pass at a time, replies in order
         computing = loop.run_in_executor(forward, run_batch, backend, seqs, [spec] * len(seqs))

@@ -125,44 +125,34 @@ def test_the_floor_worker_names_what_is_wrong_with_a_request(body, message):
 
 
 @pytest.mark.timeout(300)
-async def test_the_floor_worker_answers_malformed_bytes_and_serves_on(nats_server, prefix,
-                                                                      tmp_path):
-    import asyncio
-    import subprocess
-    import sys
+async def test_the_floor_worker_answers_malformed_bytes_and_serves_on(nats_server, tmp_path):
     from pathlib import Path
 
     import msgpack
     import nats
 
-    from bench.children import child_env
-    from bench.floor_worker import READY_LINE
+    from bench.nats_load import PREFIX
+    from bench.worker import WorkerProcess
 
     model = sc.build_near_zero_model(tmp_path / "near-zero")
-    script = Path(sc.__file__).resolve().parent / "floor_worker.py"
-    proc = subprocess.Popen([sys.executable, str(script), "--nats-url", nats_server.url,
-                             "--prefix", prefix, "--model", str(model),
-                             "--state-dir", str(tmp_path / "state")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env())
+    worker = WorkerProcess(nats_server.url, str(model), ["--state-dir", str(tmp_path / "state")],
+                           tmp_path / "floor.log",
+                           program=[str(Path(sc.__file__).resolve().parent / "floor_worker.py")])
     nc = None
     try:
-        lines = []
-        while READY_LINE not in (line := proc.stdout.readline().decode(errors="replace")):
-            assert line, "the floor worker exited:\n" + "".join(lines[-30:])
-            lines.append(line)
+        worker.start()  # as service_cost.py starts it: until its ready line is in the log
         nc = await nats.connect(nats_server.url)
-        bad = msgpack.unpackb((await nc.request(f"{prefix}.embed", b"\xc1\xff", timeout=30)).data)
+        bad = msgpack.unpackb((await nc.request(f"{PREFIX}.embed", b"\xc1\xff", timeout=30)).data)
         assert bad["error"]["code"] == "invalid_request"
-        empty = msgpack.unpackb((await nc.request(f"{prefix}.embed", msgpack.packb({"input": []}),
+        empty = msgpack.unpackb((await nc.request(f"{PREFIX}.embed", msgpack.packb({"input": []}),
                                                   timeout=30)).data)
         assert "non-empty list of strings" in empty["error"]["message"]
         good = msgpack.unpackb((await nc.request(
-            f"{prefix}.embed", msgpack.packb({"input": ["one", "two"], "request_id": "f-1"}),
+            f"{PREFIX}.embed", msgpack.packb({"input": ["one", "two"], "request_id": "f-1"}),
             timeout=30)).data)
         assert good["request_id"] == "f-1" and [d["index"] for d in good["data"]] == [0, 1]
         assert len(good["data"][0]["embedding"]) == 32  # the near-zero model's width
     finally:
         if nc is not None:
             await nc.close()
-        proc.kill()
-        proc.wait()
+        worker.stop()
