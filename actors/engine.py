@@ -199,6 +199,7 @@ class EngineActor(Actor):
         if not self._tokenizing.encodes_ahead:
             return False
         texts = texts_for_ids(job.task, job.request, self.model)
+        # _on_its_way counts this job too: it is the mailbox's message being handled.
         idle = not (self._in_forward or len(self._planner)) and self._on_its_way() <= 1
         if not texts or (len(texts) == 1 and idle):
             return False
