@@ -48,6 +48,30 @@ def name_os_thread(name: str) -> None:
         pass
 
 
+TOKENIZE_THREAD = "poolwire-tokenize"
+
+
+def start_tokenizer_pool() -> None:
+    """Have the Rust tokenizers' thread pool made now, from a thread named as the tokenize
+    thread, before anything else in the process makes a batch call. That pool (rayon's, made by
+    the process's first batch call) does the work of every batch call the tokenize thread
+    makes, and a new thread takes the OS name of the thread that made it. Made by the main
+    thread (the backend's start-up check), its threads were named after the process and read
+    as the backend's threads in bench/service_cost.py's CPU split, where perf found them doing
+    all of that column's work at both load shapes (2026-12-04). Made here, their CPU shows as
+    tokenizing in top -H, py-spy and that split. Nothing is made where TOKENIZERS_PARALLELISM
+    turns the pool off, nor where the pool exists already."""
+    from tokenizers import Tokenizer, models
+
+    def make() -> None:
+        name_os_thread(TOKENIZE_THREAD)
+        Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")).encode_batch(["", ""])
+
+    thread = threading.Thread(target=make, name=TOKENIZE_THREAD)
+    thread.start()
+    thread.join()
+
+
 def _item(value):
     """An item's value for framing: an array, or as it is a sparse model's SparseVector and a
     BGE-M3 item's map of outputs."""
@@ -173,9 +197,9 @@ class EngineActor(Actor):
         self.upstream: Callable[[], int] = lambda: 0
         # Encodes the texts of jobs taken together (Tokenizing.encode_ahead): the Rust
         # tokenizer's batch call releases the GIL, so on another core.
-        self._tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix="poolwire-tokenize",
+        self._tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix=TOKENIZE_THREAD,
                                                    initializer=name_os_thread,
-                                                   initargs=("poolwire-tokenize",))
+                                                   initargs=(TOKENIZE_THREAD,))
 
     @property
     def backlog(self) -> int:

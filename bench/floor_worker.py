@@ -54,13 +54,14 @@ async def serve(args: argparse.Namespace) -> None:
 
     import msgpack
     import nats
-    from poolwire.actors.engine import name_os_thread
+    from poolwire.actors.engine import name_os_thread, start_tokenizer_pool
     from poolwire.models.backend_choice import build_backend
     from poolwire.models.forward import run_batch
     from poolwire.models.model import load_model
     from poolwire.models.task_heads import Forward, PoolSpec
     from poolwire.models.tokenizing import Tokenizing
 
+    start_tokenizer_pool()  # as `poolwire serve` does, for the same CPU split by thread
     model = load_model(args.model)
     backend = build_backend("auto", model, "exact", "float32", Path(args.state_dir) / "openvino")
     # The engine's own batch call (its tokenize thread's copy of the Rust tokenizer), every text

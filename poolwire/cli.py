@@ -168,6 +168,7 @@ async def serve(settings: WorkerSettings) -> int:
         print(f"poolwire: {refusal}", file=sys.stderr)
         return EXIT_CONFIG
     from poolwire import kernels
+    from poolwire.actors.engine import start_tokenizer_pool
     from poolwire.models.model import bundled_model_dir, load_model
     from poolwire.actors.nats_server import NatsServer
     from poolwire.actors.queue_guard import QueueConflictError
@@ -182,6 +183,8 @@ async def serve(settings: WorkerSettings) -> int:
     except (NatsConnectError, ValueError) as exc:
         print(f"poolwire: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    # Before the model's start-up check makes the first batch call: see its docstring.
+    start_tokenizer_pool()
     try:
         model = load_model(settings.model or bundled_model_dir(), settings.model_name,
                            settings.device, settings.dtype,
