@@ -123,7 +123,9 @@ def responder(url: str, subject: str) -> None:
 
 def thread_group(pid: int, tid: int, name: str) -> str:
     """The part of the worker a thread belongs to: its event loop (the main thread), the
-    engine's forward thread(s), or the backend's own threads (OpenVINO's, torch's, ...)."""
+    engine's forward thread(s), its tokenize thread with the Rust tokenizer's pool (made from
+    that thread: actors/engine.py, start_tokenizer_pool), or the backend's own threads
+    (OpenVINO's, torch's, ...)."""
     if tid == pid:
         return "event loop"
     if name.startswith("poolwire-forw"):  # comm is cut at 15 characters
