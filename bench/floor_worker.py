@@ -54,7 +54,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     import msgpack
     import nats
-    from poolwire.actors.engine import name_os_thread, start_tokenizer_pool
+    from poolwire.actors.engine import TOKENIZE_THREAD, name_os_thread, start_tokenizer_pool
     from poolwire.models.backend_choice import build_backend
     from poolwire.models.forward import run_batch
     from poolwire.models.model import load_model
@@ -69,7 +69,7 @@ async def serve(args: argparse.Namespace) -> None:
     tokenizing = Tokenizing(model.tokenizer, model.max_length)
     spec = PoolSpec(Forward.HIDDEN, method=model.pooling_method, normalize=model.normalize_default)
     # Named as the worker's threads are, so that service_cost.py's CPU split reads the same.
-    tokenize = ThreadPoolExecutor(1, initializer=name_os_thread, initargs=("poolwire-tokenize",))
+    tokenize = ThreadPoolExecutor(1, initializer=name_os_thread, initargs=(TOKENIZE_THREAD,))
     forward = ThreadPoolExecutor(1, initializer=name_os_thread, initargs=("poolwire-forward",))
     gc.freeze()
     counts = {"batches": 0, "sequences": 0, "seconds": 0.0}

@@ -9,37 +9,31 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # where `bench` imports from
 
 PROGRAM = textwrap.dedent("""
     import json, os, sys
     from tokenizers import Tokenizer, models
+    from bench.service_cost import threads_cpu  # what the CPU split reads: {tid: (name, cpu)}
     from poolwire.actors.engine import start_tokenizer_pool
 
-    def names():
-        out = {}
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/comm") as f:
-                    out[tid] = f.read().strip()
-            except OSError:  # a thread that ended meanwhile
-                pass
-        return out
-
-    before = names()
+    before = threads_cpu(os.getpid())
     if sys.argv[1] == "named":
         start_tokenizer_pool()
     # A batch call from the main thread, as the backend's start-up check makes: it makes the
     # pool where start_tokenizer_pool did not, and uses the pool it made where it did.
     Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")).encode_batch(["a", "b", "c"])
-    after = names()
-    print(json.dumps(sorted(name for tid, name in after.items() if tid not in before)))
+    after = threads_cpu(os.getpid())
+    print(json.dumps(sorted(name for tid, (name, _) in after.items() if tid not in before)))
 """)
 
 
 def _new_thread_names(mode: str) -> list[str]:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="true")
     done = subprocess.run([sys.executable, "-c", PROGRAM, mode], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
