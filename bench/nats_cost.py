@@ -22,7 +22,8 @@ Rows (one nats-server, JetStream on a file store in a temporary folder):
 For each row: operations per second, and the server's own CPU time per operation (utime +
 stime from /proc/<pid>/stat around the row), which is what NATS costs a deployment whatever
 client library drives it; the Python clients here are the bottleneck of every rate (nats-py
-reaches about 26k requests/s, NATS.md section 4), so rates are lower bounds for the server.
+reaches about 23k to 31k requests/s: bench/service_cost.py's bare responder), so rates are
+lower bounds for the server.
 Prints markdown; figures move between runs on a shared machine, so compare within one run.
 """
 

@@ -20,7 +20,8 @@ def how_models_load(value: str) -> str:
     return (f"--model {value!r} is neither a local model folder nor a Hugging Face hub id in "
             f"the local cache ({_cache_dir() or 'the default HF cache'}); poolwire loads a local "
             f"folder (with config.json), or a hub id from the HF cache (HF_HUB_CACHE), "
-            f"downloading it there only when HF_HUB_OFFLINE is unset and the machine is online: "
+            f"downloading it there only where HF_HUB_OFFLINE is off and the machine is online "
+            f"(`poolwire serve` turns it on where it is unset: HF_HUB_OFFLINE=0 lets it download): "
             f"pass a folder, or fetch it first with `hf download {value}`")
 
 

@@ -73,7 +73,8 @@ class WorkerSettings(BaseSettings):
     pooler_config: PoolerConfig = Field(
         default_factory=PoolerConfig,
         description="vLLM's names for the five options above: --pooler-config.task T, or a JSON "
-                    "object such as '{\"task\": \"embed\", \"max_embed_len\": 4096}' (also "
+                    "object such as '{\"task\": \"embed\", \"chunked_processing\": true, "
+                    "\"max_embed_len\": 4096}' (also "
                     "POOLWIRE_POOLER_CONFIG); a value given both here and by its own option must "
                     "agree")
     adapter: list[str] = Field(
@@ -131,7 +132,8 @@ class WorkerSettings(BaseSettings):
         None, description="heartbeat file for `poolwire health`; default: "
                           "<state-dir>/health.json")
     nats_port: int = Field(4222, description="port of the embedded nats-server (-1: any free port)")
-    state_dir: Path = Field(Path(".poolwire"), description="embedded server's JetStream store")
+    state_dir: Path = Field(Path(".poolwire"), description="the worker's own files: the embedded "
+                           "server's JetStream store, OpenVINO's model cache, the health file")
     max_batch_tokens: int = Field(8192, ge=1, description="padded tokens per forward pass")
     max_batch_size: int = Field(64, ge=1, description="sequences per forward pass")
     max_wait_ms: float = Field(2.0, ge=0, description="wait for more work when a batch is not full")
@@ -155,7 +157,8 @@ class WorkerSettings(BaseSettings):
     durable_poison_span_s: float = Field(
         300.0, gt=0, description="a job delivered over --durable-max-deliveries times without an "
                                  "answer is dead-lettered once it is this old")
-    durable_replicas: int = Field(1, ge=1, description="replicas of the jobs and dead-letter streams it creates")
+    durable_replicas: int = Field(1, ge=1, description="replicas of the jobs and dead-letter streams "
+                                                       "and the failure-count bucket it creates")
     pipeline_stream: str | None = Field(None, description="consume this existing stream as a pipeline")
     pipeline_input: str | None = Field(
         None, description="pipeline input subjects <input>.> (e.g. docs.in)")
