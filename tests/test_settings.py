@@ -66,3 +66,16 @@ def test_serve_refuses_bad_options_and_a_missing_model_folder_with_one_line(tmp_
 def test_adapter_and_score_options_are_checked(fields, says):
     with pytest.raises(ValidationError, match=says):
         WorkerSettings(**fields)
+
+
+def test_the_pooler_config_example_in_the_help_is_accepted():
+    """`poolwire serve --help` shows a JSON object for --pooler-config: a user copies it, so it
+    must be valid (it once named max_embed_len without chunked_processing, which is refused)."""
+    import json
+    import re
+
+    description = WorkerSettings.model_fields["pooler_config"].description
+    example = re.search(r"'(\{.*?\})'", description)
+    assert example is not None, description
+    settings = WorkerSettings(pooler_config=json.loads(example.group(1)))
+    assert settings.pooler_config.max_embed_len == json.loads(example.group(1))["max_embed_len"]
