@@ -336,6 +336,27 @@ def test_a_batch_knows_its_time_alone_only_where_the_twin_takes_it(first_start):
     assert backend.seconds_alone("hidden", 8) is None  # this model has no hidden pass
 
 
+def test_a_failed_pass_does_not_fail_the_next_batches(first_start):
+    """A batch OpenVINO refuses (longer than the model's 512 positions) fails alone: the next
+    batch of the last good batch's shape used to fail with its error too, and every one of
+    that shape after it (the CPU plugin kept the failed pass's shapes half set up). On all
+    cores, as MiniLM's passes run (the tiny model's one-thread twin does not refuse it)."""
+    _, backend = first_start
+    ids = torch.tensor([[101, 7592, 2088, 102, 0], [101, 2088, 102, 0, 0], [101, 102, 0, 0, 0]])
+    mask = (ids != 0).long()
+    limit, backend.small_batch_s = backend.small_batch_s, 0.0  # 0: no batch takes the twin
+    try:
+        good = backend.run("seq_logits", ids, mask, torch.zeros_like(ids))
+        long_ids = torch.full((1, 600), 2088)
+        with pytest.raises(RuntimeError):
+            backend.run("seq_logits", long_ids, torch.ones_like(long_ids),
+                        torch.zeros_like(long_ids))
+        for _ in range(2):
+            assert torch.equal(backend.run("seq_logits", ids, mask, torch.zeros_like(ids)), good)
+    finally:
+        backend.small_batch_s = limit
+
+
 def test_fixed_widths_hold_a_row_in_the_smallest_that_fits():
     from poolwire.models.openvino_backend import fixed_width, pad_into
 
