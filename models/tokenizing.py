@@ -95,6 +95,7 @@ class Tokenizing:
         # Ids encoded ahead of planning, by (text, limit, side): see encode_ahead.
         self._ahead: dict[tuple[str, int | None, str], list[int]] = {}
         self._ahead_rust = None  # the ahead thread's own copy of the Rust tokenizer
+        self._special: dict[bool, int] = {}  # special tokens added to a text (False), a pair
 
     @property
     def encodes_ahead(self) -> bool:
@@ -133,6 +134,7 @@ class Tokenizing:
         """`longest`: accept untruncated inputs up to this many tokens instead of the model's
         maximum (chunked processing cuts them afterwards)."""
         limit = truncation_limit(truncate, self.max_length)
+        self._check_room(limit, pair=False)
         if not offsets:
             return [TokenSeq(seq) for seq in self._encode(texts, limit, side, longest=longest)]
         if not getattr(self._tok, "is_fast", False):
@@ -146,6 +148,24 @@ class Tokenizing:
             out.append(TokenSeq(ids, offsets=[None if s else (int(a), int(b))
                                               for (a, b), s in zip(spans, special)]))
         return out
+
+    def _check_room(self, limit: int | None, pair: bool) -> None:
+        """A cut keeps the special tokens the tokenizer adds (PROTOCOL.md, "Lengths"), so a
+        limit below their number cannot be met: invalid_request. Unchecked, the tokenizer gave
+        such a text back uncut (its limit less the special tokens wraps around in the Rust
+        tokenizer), and truncate_prompt_tokens 1 let a text past the model's maximum length
+        through, as far as a forward pass that failed on it."""
+        if limit is None:
+            return
+        special = self._special.get(pair)
+        if special is None:
+            special = self._special[pair] = self._tok.num_special_tokens_to_add(pair=pair)
+        if limit < special:
+            what = "pair of texts" if pair else "text"
+            raise invalid(f"truncate_prompt_tokens {limit} leaves no room for the {special} "
+                          f"special tokens this model adds to every {what}, which a cut keeps; "
+                          f"send at least {special}, or -1 for the model's maximum length",
+                          field="truncate_prompt_tokens")
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return self._tok.convert_ids_to_tokens(ids)
@@ -171,6 +191,7 @@ class Tokenizing:
               side: str) -> list[TokenSeq]:
         """Text pairs as a cross-encoder sees them: one sequence with segment ids."""
         limit = truncation_limit(truncate, self.max_length)
+        self._check_room(limit, pair=True)
         self._tok.truncation_side = side
         enc = self._tok(first, second, add_special_tokens=True, truncation=limit is not None,
                         max_length=limit, return_token_type_ids=True)

@@ -39,6 +39,8 @@ CASES = [
     ("dimensions too big", "embed", mp({"input": "x", "dimensions": 385}), "invalid_request", "400", {"field": "dimensions"}),
     ("truncate zero", "embed", mp({"input": "x", "truncate_prompt_tokens": 0}), "invalid_request", "400", {"field": "truncate_prompt_tokens"}),
     ("truncate past max", "embed", mp({"input": "x", "truncate_prompt_tokens": 257}), "invalid_request", "400", {"field": "truncate_prompt_tokens"}),
+    ("truncate below the special tokens", "embed", mp({"input": "word " * 300, "truncate_prompt_tokens": 1}), "invalid_request", "400", {"field": "truncate_prompt_tokens"}),
+    ("truncate a pair below its special tokens", "score", mp({"text_1": "q", "text_2": "d " * 300, "truncate_prompt_tokens": 1}), "invalid_request", "400", {"field": "truncate_prompt_tokens"}),
     ("too long", "embed", mp({"input": ["short", LONG_TEXT]}), "input_too_long", "413", {"max_tokens": 256, "index": 1}),
     ("too long ids", "embed", mp({"input": list(range(1000, 1300))}), "input_too_long", "413", {"max_tokens": 256, "index": 0}),
     ("unknown task", "summarize", mp({"input": "x"}), "unsupported_task", "400",

@@ -24,7 +24,7 @@ def tok(minilm):
     return copy.deepcopy(minilm.tokenizer)  # this module changes its state; others keep theirs
 
 
-@pytest.mark.parametrize("truncate", [-1, 7, 1])
+@pytest.mark.parametrize("truncate", [-1, 7, 2])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_ids_match_the_tokenizer_call(tok, truncate, side):
     tokenizing = Tokenizing(tok, 256)
@@ -74,3 +74,21 @@ def test_ids_encoded_ahead_are_the_ids_planned_and_only_where_the_key_matches(to
     with pytest.raises(PoolingError) as err:
         tokenizing.texts([TEXTS[3]], None, "right")
     assert err.value.code.value == "input_too_long"
+
+
+def test_a_cut_below_the_special_tokens_is_refused_naming_the_least(tok):
+    """The tokenizer gives a text back uncut when the limit is below the special tokens it adds
+    ([CLS] and [SEP]: 2; 3 for a pair), so truncate_prompt_tokens 1 used to let a text of any
+    length through. Token ids get no special tokens, so 1 cuts them to one."""
+    tokenizing = Tokenizing(tok, 256)
+    for side in ("right", "left"):
+        with pytest.raises(PoolingError) as err:
+            tokenizing.texts(["word " * 300], 1, side)
+        assert err.value.code.value == "invalid_request"
+        assert err.value.extra["field"] == "truncate_prompt_tokens"
+        assert "at least 2" in err.value.message
+        assert [s.ids for s in tokenizing.texts(["word " * 300], 2, side)] == [[101, 102]]
+    with pytest.raises(PoolingError, match="at least 3"):
+        tokenizing.pairs(["q"], ["d " * 400], 2, "right")
+    assert len(tokenizing.pairs(["q"], ["d " * 400], 3, "right")[0]) == 3
+    assert [s.ids for s in tokenizing.token_ids([[101, 2000, 2001, 102]], 1, "right")] == [[101]]
