@@ -178,8 +178,28 @@ def _check_score_form(present: dict[str, Any]) -> None:
                           f"and documents)", field=key)
 
 
+# pydantic's errors for a value of the right type outside what the field allows: its bounds,
+# its length, or its set of values.
+RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal",
+                          "too_short", "too_long", "string_too_short", "string_too_long",
+                          "literal_error", "enum", "multiple_of"})
+
+
 def _first_error(exc: ValidationError):
-    err = exc.errors()[0]
+    """PROTOCOL.md's order among the fields' errors: a wrong type before a value out of range,
+    each in the fields' order. A field of several types (`input`: texts or token ids) is out
+    of range where its value is of one of them (token id -5: the bound, not "a valid string")."""
+    by_field: dict = {}
+    for err in exc.errors():
+        by_field.setdefault(err["loc"][0] if err["loc"] else None, []).append(err)
+    wrong_type, out_of_range = None, None
+    for errors in by_field.values():
+        ranged = next((e for e in errors if e["type"] in RANGE_ERRORS), None)
+        if ranged is None:
+            wrong_type = wrong_type or errors[0]
+        else:
+            out_of_range = out_of_range or ranged
+    err = wrong_type or out_of_range
     field = str(err["loc"][0]) if err["loc"] else None
     return invalid(f"{field}: {err['msg']} (got {preview(err.get('input'))})", field=field)
 

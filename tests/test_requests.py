@@ -60,6 +60,25 @@ def test_field_not_valid_for_task_comes_before_type_errors():
     assert err.extra["field"] == "dimensions" and "not valid for task classify" in err.message
 
 
+@pytest.mark.parametrize("task, body, field", [
+    (Task.EMBED, {"input": "hi", "dimensions": 0, "normalize": 1}, "normalize"),
+    (Task.EMBED, {"input": "hi", "deadline_ms": 0, "priority": 1.5}, "priority"),
+    (Task.EMBED, {"input": "hi", "truncation_side": "middle", "stream": 1}, "stream"),
+    (Task.SCORE, {"query": "a", "documents": ["b"], "top_n": 0, "return_documents": 1},
+     "return_documents"),
+    (Task.EMBED, {"input": "hi", "dimensions": 0, "deadline_ms": 0}, "dimensions"),  # both range
+])
+def test_a_type_error_comes_before_a_range_error_whatever_the_fields_order(task, body, field):
+    """PROTOCOL.md: among the fields' errors, type before range (pydantic lists them in the
+    fields' declared order, which put `dimensions: 0` before `normalize: 1`)."""
+    assert error_of(task, body).extra["field"] == field
+
+
+def test_a_token_id_out_of_range_is_told_as_such():
+    err = error_of(Task.EMBED, {"input": [101, -5, 102]})
+    assert err.extra["field"] == "input" and "greater than or equal to 0" in err.message
+
+
 def test_score_takes_pairs_not_input():
     assert error_of(Task.SCORE, {"input": "x"}).extra["field"] == "input"
     assert error_of(Task.SCORE, {"text_1": "a"}).extra["field"] == "text_2"
