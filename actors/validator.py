@@ -84,7 +84,7 @@ class ValidatorActor(Actor):
                 job = self._validate(incoming)
         except PoolingError as err:
             await self._replier.send_error(incoming.reply, incoming.request_id, err, incoming.fmt,
-                                           trace.headers)
+                                           self._error_headers(incoming.task_name, trace.headers))
             trace.set(task=incoming.task_name, configured_task=self.policy.configured.value)
             trace.end(err.code)
             return
@@ -99,6 +99,14 @@ class ValidatorActor(Actor):
                              retry_after_ms=100), job.fmt, job.headers)
             trace.end(ErrorCode.OVERLOADED)
             return
+
+    def _error_headers(self, task_name: str, headers: dict[str, str] | None):
+        """PROTOCOL.md: every frame of a request on a deprecated task carries the
+        Pooling-Deprecation header, the error frame of one refused for its fields too."""
+        task = parse_task(task_name)
+        if task is None or self.policy.judge(task) != Verdict.DEPRECATED:
+            return headers
+        return {**(headers or {}), DEPRECATION_HEADER: self.policy.configured.value}
 
     def _validate(self, incoming: Incoming) -> Job:
         task = parse_task(incoming.task_name)

@@ -66,6 +66,29 @@ async def test_streamed_frames_of_a_deprecated_request_all_carry_the_header(mini
     assert "warnings" in msgpack.unpackb(frames[-1].data)
 
 
+async def test_an_invalid_request_on_a_deprecated_task_carries_the_header_too(minilm, start_worker,
+                                                                              nc, prefix):
+    """Every frame of a deprecated-task request carries the header (PROTOCOL.md), its error
+    frame included, whichever check refused it; a refused request publishes no event."""
+    events = []
+
+    async def on_event(msg):
+        events.append(msg)
+
+    await nc.subscribe(f"{prefix}.events.deprecation", cb=on_event)
+    async with start_worker(minilm, task="embed"):
+        for body in ({"input": "a", "bogus": 1}, {"input": "a", "dimensions": 999},
+                     {"input": "word " * 300}):
+            msg = await nc.request(f"{prefix}.token_embed", msgpack.packb(body), timeout=30)
+            assert "error" in msgpack.unpackb(msg.data), body
+            assert msg.headers["Pooling-Deprecation"] == "embed", body
+        refused = await nc.request(f"{prefix}.embed", msgpack.packb({"input": "a", "bogus": 1}),
+                                   timeout=30)
+        assert "Pooling-Deprecation" not in (refused.headers or {})
+        await nc.flush()
+    assert events == []
+
+
 async def test_reject_policy_refuses_with_task_not_configured(minilm, start_worker, nc, prefix):
     async with start_worker(minilm, task="embed", multitask="reject"):
         client = PoolingClient(nc, prefix=prefix)
