@@ -182,6 +182,44 @@ class Worker:
         replier = Replier(self.nc, self.metrics)
         if self.cache is not None:
             await self.cache.start(self.nc)  # never fails: an absent bucket is warned about
+        self.build_graph(replier)
+        # Subscribe before creating the events stream, and start the actors only once it exists:
+        # requests that arrive meanwhile wait in the ingest mailbox, so every deprecation event
+        # is kept. The other order (stream first) made nats-server 2.15 answer no-responders to
+        # the first request from another connection in about 1 start in 50 here.
+        await self.ingest.subscribe()
+        await self.nc.flush()
+        try:
+            await ensure_events_stream(self.nc, s.prefix)
+        except Exception as exc:
+            if not jetstream_busy(exc):
+                raise
+            log.warning("JetStream did not answer (%r), as happens while it elects a leader: "
+                        "serving now, and making the events stream once it answers", exc)
+            self.supervisor.start_loop("events-stream",
+                                       lambda: events_stream_when_elected(self.nc, s.prefix))
+        self.start_actors()
+        self.intakes = await start_intakes(self.nc, s, self.pipeline, self.validator, replier,
+                                           self.engine, self.supervisor, self.tracing)
+        self.discovery = self._discovery(replier)
+        await self.discovery.start()
+        self.watchdog = Watchdog(self.nc, s.prefix, SelfCheck(
+            interval_s=s.probe_interval_s, timeout_s=s.probe_timeout_s), self._fail,
+            health_file, {"worker": self.worker_id, "service_id": self.discovery.id})
+        await self.watchdog.start()
+        self.supervisor.start_loop("selfcheck", self.watchdog.run)
+        self._start_metrics()
+        await self.nc.flush()  # subscriptions reach the server before we say we are ready
+        log.info("serving %s (revision %s, task %s, supported %s, multitask %s, %s; %s) on %s.* "
+                 "queue %s", self.model.name, self.model.revision, self.policy.configured,
+                 ", ".join(t.value for t in self.policy.supported), s.multitask,
+                 self.backend.describe(), self._describe_batching(), s.prefix, s.queue)
+
+    def build_graph(self, replier: Replier) -> None:
+        """DESIGN.md's actor graph on this worker's connection (`self.nc`): the ingest, the
+        validator and the engine, wired, neither subscribed nor started. `start` calls it on
+        its NATS connection; bench/loop_cost.py on a stand-in, to time the path alone."""
+        s = self.settings
         self.events = EventPublisher(self.nc, s.prefix, self.metrics)
         self.engine = EngineActor(self.model, replier, EngineLimits(
             max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
@@ -200,40 +238,13 @@ class Worker:
                                   metrics=self.metrics, tracing=self.tracing)
         ingest, validator = self.ingest, self.validator
         self.engine.upstream = lambda: ingest.backlog + validator.backlog
-        # Subscribe before creating the events stream, and start the actors only once it exists:
-        # requests that arrive meanwhile wait in the ingest mailbox, so every deprecation event
-        # is kept. The other order (stream first) made nats-server 2.15 answer no-responders to
-        # the first request from another connection in about 1 start in 50 here.
-        await self.ingest.subscribe()
-        await self.nc.flush()
-        try:
-            await ensure_events_stream(self.nc, s.prefix)
-        except Exception as exc:
-            if not jetstream_busy(exc):
-                raise
-            log.warning("JetStream did not answer (%r), as happens while it elects a leader: "
-                        "serving now, and making the events stream once it answers", exc)
-            self.supervisor.start_loop("events-stream",
-                                       lambda: events_stream_when_elected(self.nc, s.prefix))
+
+    def start_actors(self) -> None:
+        """The graph's actors and the engine's batch loop, under the supervisor."""
         for actor in (self.engine, self.validator, self.ingest):
             self.supervisor.start_actor(actor)
         self.supervisor.start_loop("engine-batches", self.engine.batch_loop,
                                    on_restart=self.engine.on_restart)
-        self.intakes = await start_intakes(self.nc, s, self.pipeline, self.validator, replier,
-                                           self.engine, self.supervisor, self.tracing)
-        self.discovery = self._discovery(replier)
-        await self.discovery.start()
-        self.watchdog = Watchdog(self.nc, s.prefix, SelfCheck(
-            interval_s=s.probe_interval_s, timeout_s=s.probe_timeout_s), self._fail,
-            health_file, {"worker": self.worker_id, "service_id": self.discovery.id})
-        await self.watchdog.start()
-        self.supervisor.start_loop("selfcheck", self.watchdog.run)
-        self._start_metrics()
-        await self.nc.flush()  # subscriptions reach the server before we say we are ready
-        log.info("serving %s (revision %s, task %s, supported %s, multitask %s, %s; %s) on %s.* "
-                 "queue %s", self.model.name, self.model.revision, self.policy.configured,
-                 ", ".join(t.value for t in self.policy.supported), s.multitask,
-                 self.backend.describe(), self._describe_batching(), s.prefix, s.queue)
 
     async def _refuse_mixed_queue(self) -> None:
         """Before taking any request: one model and task per prefix and queue group."""

@@ -332,33 +332,44 @@ def _errors(replies: list[bytes], per_request: int) -> int:
     return bad
 
 
+def short_texts() -> list[str]:
+    """The texts of every request: the workload's short sentences (under 120 characters)."""
+    from bench.workload import mixed_texts
+
+    words = mixed_texts(64, seed=7)
+    return [t for t in words if len(t) < 120] or words
+
+
+def request_bodies(short: list[str], per_request: int, n_requests: int) -> list[bytes]:
+    """MessagePack embed requests of `per_request` texts each (a string where one), cycling
+    through `short`."""
+    import msgpack
+
+    bodies = []
+    for i in range(n_requests):
+        batch = [short[(i * per_request + j) % len(short)] for j in range(per_request)]
+        bodies.append(msgpack.packb({"input": batch[0] if len(batch) == 1 else batch}))
+    return bodies
+
+
 async def measure(url: str, worker_pids: list[int], responder_pid: int, shapes: list[Shape],
                   rounds: int, scale: float, timeout: float,
                   label: str = "poolwire") -> list[ShapeResult]:
-    import msgpack
     import nats
-
-    from bench.workload import mixed_texts
 
     pool_subject = f"{PREFIX}.embed"
     nc = await nats.connect(url, name="service-cost-client")
     try:
-        words = mixed_texts(64, seed=7)
-        short = [t for t in words if len(t) < 120] or words
+        short = short_texts()
         # Warm both sides: each shape once.
         for s in (BARE_SUBJECT, pool_subject):
             for shape in shapes:
-                batch = short[:shape.per_request]
-                body = msgpack.packb({"input": batch[0] if len(batch) == 1 else batch})
+                body = request_bodies(short, shape.per_request, 1)[0]
                 await _load(nc, s, [body] * 64, min(shape.in_flight, 16), timeout)
         results = []
         for shape in shapes:
             n_req = max(2, int(shape.texts * scale) // shape.per_request)
-            bodies = []
-            for i in range(n_req):
-                batch = [short[(i * shape.per_request + j) % len(short)]
-                         for j in range(shape.per_request)]
-                bodies.append(msgpack.packb({"input": batch[0] if len(batch) == 1 else batch}))
+            bodies = request_bodies(short, shape.per_request, n_req)
             sides = {"bare": Side(), "poolwire": Side()}
             names: set[str] = set()
             meter = BackgroundMeter()
