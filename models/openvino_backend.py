@@ -552,7 +552,7 @@ def _set_up_again(compiled: _Compiled) -> None:
     try:
         for name in compiled.inputs:
             request.set_tensor(name, compiled.tensor(given[name], shared_memory=True))
-        request.infer()
+        request.infer()  # the next pass sets its own tensors over these, as every pass does
         compiled.shape = (1, width)
     except Exception:  # the batch's own error is what its requests are answered with
         log.exception("a pass of one token, to set OpenVINO's shapes up again after a failed "

@@ -187,16 +187,20 @@ RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "le
 
 def _first_error(exc: ValidationError):
     """PROTOCOL.md's order among the fields' errors: a wrong type before a value out of range,
-    each in the fields' order. A field of several types (`input`: texts or token ids) is out
-    of range where its value is of one of them (token id -5: the bound, not "a valid string")."""
+    each in the fields' order. A field of several types (`input`: texts or token ids; pydantic
+    names the type tried second in each error's place) is out of range where its value fails
+    only the bounds of one of them (token id -5: the bound, not "a valid string")."""
     by_field: dict = {}
     for err in exc.errors():
-        by_field.setdefault(err["loc"][0] if err["loc"] else None, []).append(err)
+        loc = err["loc"]
+        branch = loc[1] if len(loc) > 1 and isinstance(loc[1], str) else None
+        by_field.setdefault(loc[0] if loc else None, {}).setdefault(branch, []).append(err)
     wrong_type, out_of_range = None, None
-    for errors in by_field.values():
-        ranged = next((e for e in errors if e["type"] in RANGE_ERRORS), None)
+    for branches in by_field.values():
+        ranged = next((errors[0] for errors in branches.values()
+                       if all(e["type"] in RANGE_ERRORS for e in errors)), None)
         if ranged is None:
-            wrong_type = wrong_type or errors[0]
+            wrong_type = wrong_type or next(iter(branches.values()))[0]
         else:
             out_of_range = out_of_range or ranged
     err = wrong_type or out_of_range

@@ -77,6 +77,9 @@ def test_a_type_error_comes_before_a_range_error_whatever_the_fields_order(task,
 def test_a_token_id_out_of_range_is_told_as_such():
     err = error_of(Task.EMBED, {"input": [101, -5, 102]})
     assert err.extra["field"] == "input" and "greater than or equal to 0" in err.message
+    # Texts and ids mixed fail every type `input` takes: a type error, before a range one.
+    err = error_of(Task.EMBED, {"input": ["a", -5], "dimensions": 0})
+    assert err.extra["field"] == "input" and "valid string" in err.message
 
 
 def test_score_takes_pairs_not_input():
