@@ -97,14 +97,23 @@ def _sparse_wire(values: SparseVector, style: ReplyStyle) -> dict[str, Any]:
             "indices": values.indices.astype("<u4").tobytes(), "bytes": raw}
 
 
-def _rows_extras(extras: dict[str, Any] | None, offset: int, count: int) -> dict[str, Any] | None:
-    """The part of an item's extras that goes with token rows [offset, offset + count): the
-    tokens and offsets of those rows, and the entities with the first frame."""
+def _rows_extras(extras: dict[str, Any] | None, offset: int, count: int,
+                 total: int) -> dict[str, Any] | None:
+    """The part of an item's extras that goes with token rows [offset, offset + count) of
+    `total`: the tokens and offsets of those rows, and the rows' share of the entities, which
+    are spread in order over the item's rows (at most about one a row: an entity spans a token
+    or more), so that a frame of few rows never has to carry them all. The first frame carries
+    `entities` even when its share is empty; a client joins them in offset order, as it joins
+    the rows, tokens and offsets."""
     if not extras:
         return None
     part = {k: v[offset:offset + count] for k, v in extras.items() if k in ("tokens", "offsets")}
-    if offset == 0 and "entities" in extras:
-        part["entities"] = extras["entities"]
+    entities = extras.get("entities")
+    if entities is not None:  # entity j goes with row j * total // len(entities)
+        n = len(entities)
+        share = entities[-(-offset * n // total):-(-(offset + count) * n // total)]
+        if share or offset == 0:
+            part["entities"] = share
     return part
 
 
@@ -135,7 +144,8 @@ def item_frames(request_id: str, index: int, values: np.ndarray, style: ReplySty
     limit = max_payload - header_bytes(headers)
 
     def frame(rows: np.ndarray, offset: int | None) -> bytes:
-        part = _rows_extras(extras, offset or 0, len(rows)) if token_level else extras
+        part = _rows_extras(extras, offset or 0, len(rows), len(values)) if token_level \
+            else extras
         return encode({"request_id": request_id, **wire_item(index, rows, style, offset, part)},
                       style.fmt)
 
@@ -160,7 +170,8 @@ def item_frames(request_id: str, index: int, values: np.ndarray, style: ReplySty
         if rows_per_frame == 1:
             raise PoolingError(ErrorCode.PAYLOAD_TOO_LARGE,
                                f"one token row of item {index} needs {len(chunk)} bytes, over "
-                               f"max_payload {max_payload}; ask for fewer dimensions")
+                               f"max_payload {max_payload}; ask for fewer dimensions or binary "
+                               f"encoding where the task has them, or raise max_payload")
         # Shrink in proportion to the overshoot, with a margin for per-row size variance
         # (float lists in JSON vary in width).
         rows_per_frame = max(1, min(rows_per_frame - 1, int(rows_per_frame * limit / len(chunk) * 0.95)))

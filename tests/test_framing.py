@@ -121,7 +121,7 @@ def test_an_error_frame_with_a_doc_id_keeps_it_and_still_fits():
 
 def test_token_frames_carry_the_tokens_and_offsets_of_their_own_rows():
     """return_tokens on a streamed token-level item split over frames: each frame has its
-    rows' tokens and offsets, and the entities go with the first frame only."""
+    rows' tokens and offsets, and its share of the entities (here one, in the first frame)."""
     rows = np.arange(40 * 8, dtype=np.float32).reshape(40, 8)
     extras = {"tokens": [f"t{i}" for i in range(40)],
               "offsets": [None] + [[i, i + 1] for i in range(39)],
@@ -133,4 +133,22 @@ def test_token_frames_carry_the_tokens_and_offsets_of_their_own_rows():
     assert sum((f.offsets for f in frames), []) == extras["offsets"]
     for f in frames:
         assert len(f.tokens) == len(f.data) and f.tokens[0] == f"t{f.offset}"
-    assert frames[0].entities is not None and all(f.entities is None for f in frames[1:])
+    assert [e.word for e in frames[0].entities] == ["t1"]
+    assert all(f.entities is None for f in frames[1:])
+
+
+def test_entities_too_many_for_one_frame_are_spread_over_the_item_s_frames():
+    """An item whose entities alone exceed max_payload streams, each frame with its rows'
+    share of them, in order (an audit found the whole list put on the first frame, and the
+    request refused as payload_too_large with a remedy that did not apply)."""
+    rows = np.zeros((134, 5), dtype=np.float32)
+    extras = {"entities": [{"entity_group": "PER", "score": 0.99, "word": f"Hunnewell {i}",
+                            "start": 10 * i, "end": 10 * i + 9} for i in range(85)]}
+    for fmt in WireFormat:
+        style = ReplyStyle(fmt, False, "float32")
+        bodies = item_frames("r1", 0, rows, style, True, 4096, None, extras)
+        frames = [StreamItemFrame.model_validate(decode(b)[0]) for b in bodies]
+        assert len(frames) > 1 and all(len(b) <= 4096 for b in bodies)
+        joined = [(e.word, e.start, e.end) for f in frames for e in f.entities or []]
+        assert joined == [(e["word"], e["start"], e["end"]) for e in extras["entities"]]
+        assert sum(len(f.data) for f in frames) == 134 and frames[0].entities
