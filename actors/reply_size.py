@@ -195,6 +195,27 @@ def outputs_shapes(request, model, token_counts: list[int]) -> list[list[tuple[i
     return out
 
 
+def token_extras_bytes(plan, model, fmt: WireFormat) -> int:
+    """What a token-level reply's items carry besides their rows, once tokenized: `tokens` and
+    `offsets` (return_tokens) encoded for real, as the plan holds them; `entities`
+    (aggregation) bounded before any forward pass, as at most one entity a real token, each
+    the longest label and float and the largest offsets, its word made of the item's tokens
+    (all of them, in one string: a bound on every word's text)."""
+    total = 0
+    if plan.token_meta is not None:
+        total += sum(len(encode(meta, fmt)) for meta in plan.token_meta)
+    if plan.entities is not None:
+        label = max(model.labels or [""], key=len)
+        one = len(encode({"entity_group": label, "score": -1.4012984643248171e-45, "word": "",
+                          "start": _MAX_USAGE, "end": _MAX_USAGE}, fmt)) + 1  # + a comma
+        empty = len(encode({"entities": []}, fmt)) + 4  # its key and a list header
+        for seq in plan.sequences:
+            real = [i for i, span in enumerate(seq.offsets or ()) if span is not None]
+            tokens = model.tokenizer.convert_ids_to_tokens([seq.ids[i] for i in real])
+            total += empty + len(real) * one + len(encode(" ".join(tokens), fmt))
+    return total
+
+
 # A bound on any one value of a sequence-level item (a float's JSON repr and separator, or
 # MessagePack's 5 bytes), and on everything around an item, whatever the encoding.
 _VALUE_BOUND = JSON_FLOAT_CHARS + 1
@@ -235,6 +256,7 @@ def check_reply_fits(job, plan, model, max_payload: int) -> None:
         per_item = OUTPUTS_MAP_BYTES * len(groups)
     elif plan is not None:
         shapes = item_shapes(task, plan.n_items, width, [len(s) for s in plan.sequences])
+        per_item = token_extras_bytes(plan, model, job.fmt)
     else:
         shapes = item_shapes(task, request_items(task, request), width)
 

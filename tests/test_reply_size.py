@@ -169,3 +169,39 @@ def test_the_coarse_bound_only_passes_what_the_exact_estimate_passes(fmt, binary
         if _clearly_fits(n, width, job, model, room):
             assert exact <= room
     assert _clearly_fits(n, width, job, model, 40 * exact)
+
+
+@pytest.mark.parametrize("fmt", list(WireFormat))
+def test_tokens_offsets_and_entities_are_counted_before_the_forward_pass(small_models, fmt):
+    """A token_classify reply with return_tokens and entities is judged once tokenized, before
+    any model time: an audit found only its rows counted, so such a request was computed and
+    then refused. The bound holds the real reply (entities from rows where every real token
+    starts an entity: the most a text can have)."""
+    from poolwire.actors.messages import Job
+    from poolwire.actors.reply_size import check_reply_fits
+    from poolwire.models.task_heads import plan_task
+    from poolwire.models.tokenizing import Tokenizing
+    from poolwire.schemas.errors import PoolingError
+    from poolwire.schemas.requests import parse_request
+
+    model = small_models["tok5"]
+    text = " ".join(["Hunnewell visited Washington yesterday with Ganymede."] * 12)
+    request = parse_request(Task.TOKEN_CLASSIFY, {"input": text, "return_tokens": True,
+                                                  "aggregation": "simple"})
+    plan = plan_task(Task.TOKEN_CLASSIFY, request, model,
+                     Tokenizing(model.tokenizer, model.max_length))
+    rows = np.full((len(plan.sequences[0]), model.num_labels), -5.0, dtype=np.float32)
+    rows[np.arange(len(rows)), np.arange(len(rows)) % model.num_labels] = 5.0
+    style = ReplyStyle(fmt, False, "float32")
+    extras = plan.extras(0, rows)
+    assert len(extras["entities"]) > 20 and extras["tokens"]
+    real = len(one_reply("r" * 32, model.name, "token_classify",
+                         [wire_item(0, rows, style, extras=extras)], plan.prompt_tokens, style,
+                         2**40, labels=model.labels))
+    job = Job(request=request, task=Task.TOKEN_CLASSIFY, reply="r", fmt=fmt,
+              request_id="r" * 32, received_at=0.0)
+    with pytest.raises(PoolingError) as refused:
+        check_reply_fits(job, plan, model, real - 1)
+    assert refused.value.code is ErrorCode.PAYLOAD_TOO_LARGE
+    assert real <= refused.value.extra["estimated_bytes"] <= 3 * real
+    check_reply_fits(job, plan, model, 3 * real)  # admitted: well within the limit
