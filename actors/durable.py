@@ -13,6 +13,7 @@ import datetime
 import itertools
 import logging
 import re
+import secrets
 import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import (BucketNotFoundError, KeyNotFoundError, NotFoundError,
                             ServiceUnavailableError)
 
-from poolwire.actors.durable_policy import (POISON_SPAN_S, Outcome, compute_alone,
+from poolwire.actors.durable_policy import (POISON_SPAN_S, Outcome, compute_alone, publishable,
                                             counts_as_failure, dead_letter, exhausted, on_error,
                                             pull_size, retry_delay, store_retry_delay)
 from poolwire.actors.ingest import new_request_id
@@ -35,12 +36,14 @@ from poolwire.actors.tracing import OFF, Tracing
 from poolwire.schemas.codec import WireFormat, decode, sniff_format
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.requests import request_id_of
+from poolwire.schemas.sanity import MAX_REQUEST_ID_CHARS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 REPLY_TO_HEADER = "Pooling-Reply-To"
 MSG_ID_HEADER = "Nats-Msg-Id"
+DEAD_MSG_ID_HEADER = "Pooling-Job-Msg-Id"  # a dead letter's copy of its job's Nats-Msg-Id
 JOBS_DUPLICATE_WINDOW_S = 120.0          # the server's default, stated so it is not a surprise
 DEAD_MAX_AGE_S = 30 * 24 * 3600          # dead letters are kept a month for inspection
 DEAD_MAX_BYTES = 256 * 1024 * 1024
@@ -329,8 +332,17 @@ class JetStreamIntake(Actor):
                 await asyncio.sleep(min(1.0, 0.05 * failures))  # back off while it is away
                 continue
             for msg in msgs:
-                await self._take(msg)
+                await self._take_one(msg)
         self._pulling_done.set()
+
+    async def _take_one(self, msg) -> None:
+        """`_take`, where a message whose handling fails is delivered again, and the loop
+        goes on to the rest of its batch instead of ending with it."""
+        try:
+            await self._take(msg)
+        except Exception:
+            log.exception("%s: taking a message failed; it is delivered again", self.name)
+            await self._settle(msg.nak(delay=self.limits.retry_base_s))
 
     async def progress_loop(self) -> None:
         """In-progress acks for work that takes longer than ack_wait (a long queue, a slow
@@ -360,7 +372,10 @@ class JetStreamIntake(Actor):
             if held.msg.metadata.sequence.stream == meta.sequence.stream:
                 held.msg, held.deliveries = msg, deliveries  # its answer is being stored
                 return
-        local = f"_POOLWIRE.{self.name}.{next(self._ids)}"
+        # Unguessable: the Replier hands frames for this subject to this intake, whoever asked
+        # for them, so a request from outside that named the subject of a job in flight as its
+        # reply would take that job's answer (an audit did, with a counter in its place).
+        local = f"_POOLWIRE.{self.name}.{secrets.token_hex(16)}"
         trace = self._tracing.begin(msg.headers, msg.subject, time.monotonic(), self.name)
         with trace.stage("decode"):
             tracked, request = self.parse(msg, local, deliveries)
@@ -515,11 +530,17 @@ class JetStreamIntake(Actor):
         record = {"request_id": t.request_id, "task": t.task_name, "deliveries": t.deliveries,
                   "error": error.to_wire()}
         # The job's own headers go along; expectations of the original publish would refuse
-        # the dead letter.
-        kept = {k: v for k, v in (t.msg.headers or {}).items()
-                if not k.startswith("Nats-Expected")}
-        subject = dead_subject(self.prefix, t.task_name)
+        # the dead letter, and its Nats-Msg-Id would have the dead-letter stream drop a second
+        # message that reused an id (a client's request_id, outside the jobs stream's window)
+        # as a duplicate: the dead letter is deduplicated by the message's own place instead,
+        # and the job's id kept under DEAD_MSG_ID_HEADER (an audit lost one that way).
         meta = t.msg.metadata
+        kept = {k: v for k, v in (t.msg.headers or {}).items()
+                if not k.startswith("Nats-Expected") and k != MSG_ID_HEADER}
+        if MSG_ID_HEADER in (t.msg.headers or {}):
+            kept[DEAD_MSG_ID_HEADER] = t.msg.headers[MSG_ID_HEADER]
+        kept[MSG_ID_HEADER] = f"dead:{meta.stream}:{meta.sequence.stream}"
+        subject = dead_subject(self.prefix, t.task_name)
         body, kept = dead_letter(record, bytes(t.msg.data), kept or None, self._nc.max_payload,
                                  meta.stream, meta.sequence.stream)
 
@@ -583,7 +604,7 @@ class JetStreamIntake(Actor):
                 return
             if JetStreamContext.is_status_msg(msg):
                 continue  # the end of a pull request (404, 408), not a message
-            await self._take(msg)
+            await self._take_one(msg)
 
 
 class DurableJobs(JetStreamIntake):
@@ -621,15 +642,25 @@ class DurableJobs(JetStreamIntake):
         meta = msg.metadata
         task_name = msg.subject[len(self._root):]
         # Stable across deliveries even when the client sent no id: the stream position.
-        fallback = headers.get(MSG_ID_HEADER) or f"{meta.stream}:{meta.sequence.stream}"
+        msg_id = headers.get(MSG_ID_HEADER, "")
+        fallback = (msg_id if 0 < len(msg_id) <= MAX_REQUEST_ID_CHARS
+                    else f"{meta.stream}:{meta.sequence.stream}")
+        reply_to = headers.get(REPLY_TO_HEADER, "")
+        if reply_to and not publishable(reply_to):
+            # Refused before any work, and terminated: no reply can reach it (counted as
+            # unanswerable, with the job's id in the log).
+            return Tracked(msg, local, fallback, task_name, sniff_format(msg.data), False,
+                           deliveries, ""), PoolingError(
+                ErrorCode.INVALID_REQUEST, f"{REPLY_TO_HEADER} {reply_to[:256]!r} is not a "
+                f"subject a reply can be published to")
         try:
             body, fmt = decode(msg.data)
         except PoolingError as err:
             return Tracked(msg, local, fallback, task_name, sniff_format(msg.data), False,
-                           deliveries, headers.get(REPLY_TO_HEADER, "")), err
+                           deliveries, reply_to), err
         request_id = request_id_of(body) or fallback or new_request_id()
         t = Tracked(msg, local, request_id, task_name, fmt, body.get("stream") is True,
-                    deliveries, headers.get(REPLY_TO_HEADER, ""))
+                    deliveries, reply_to)
         return t, Incoming(reply=local, task_name=task_name, body=body, fmt=fmt,
                            request_id=request_id, received_at=time.monotonic(),
                            solo=compute_alone(deliveries, self.limits.max_deliveries))

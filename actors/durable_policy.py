@@ -111,6 +111,17 @@ def pull_size(in_flight: int, capacity: int, queued_tokens: int, max_queued_toke
     return max(0, min(batch, capacity - in_flight))
 
 
+def publishable(subject: str) -> bool:
+    """Whether a reply can be published to `subject`: NATS's rules for a publish subject, dot
+    separated tokens, none empty, no white space, no wildcard token (`*`, `>`). nats-py
+    refuses to publish to some that break them and the server to others, so a job whose
+    Pooling-Reply-To breaks them could never be answered: it was computed on every delivery
+    and its failed reply ended the pull loop (an audit)."""
+    if not subject or any(c.isspace() for c in subject):
+        return False
+    return all(token and token not in ("*", ">") for token in subject.split("."))
+
+
 def dead_letter(record: dict[str, Any], job: bytes, headers: dict[str, str] | None,
                 max_payload: int, stream: str, seq: int) -> tuple[bytes, dict[str, str] | None]:
     """The body and headers of a dead letter, `{**record, job}`, made to fit max_payload: a dead

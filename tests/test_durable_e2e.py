@@ -107,6 +107,52 @@ async def test_a_malformed_job_is_answered_with_its_error_and_terminated(minilm,
         assert worker.intakes[0].redelivered == 0
 
 
+async def test_a_job_whose_reply_subject_cannot_be_published_to_is_terminated_and_holds_none_up(
+        minilm, start_worker, nc, prefix):
+    """A Pooling-Reply-To with a space (or a wildcard) can never get a reply: such a job is
+    refused before any work and terminated, and the valid jobs fetched with it are answered
+    (an audit saw it computed on every delivery, and its failed reply end the pull loop)."""
+    async with start_worker(minilm, **DURABLE) as worker:
+        js = nc.jetstream()
+        inboxes = [nc.new_inbox() for _ in range(3)]
+        subs = [await nc.subscribe(inbox) for inbox in inboxes]
+        await js.publish(f"{prefix}.jobs.embed", b"\xc1garbage",
+                         headers={"Pooling-Reply-To": "audit.bad subject"})
+        await js.publish(f"{prefix}.jobs.embed", msgpack.packb({"input": "x"}),
+                         headers={"Pooling-Reply-To": "audit.w.*"})
+        for i, inbox in enumerate(inboxes):
+            await js.publish(f"{prefix}.jobs.embed", msgpack.packb({"input": f"good {i}"}),
+                             headers={"Pooling-Reply-To": inbox})
+        for sub in subs:
+            assert len(msgpack.unpackb((await sub.next_msg(timeout=10)).data)["data"]) == 1
+        await poll_until(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
+        await asyncio.sleep(2 * DURABLE["durable_ack_wait_s"])
+        assert worker.intakes[0].redelivered == 0 and worker.supervisor.restarts == {}
+
+
+async def test_a_request_naming_a_job_s_internal_subject_cannot_take_its_answer(
+        minilm, start_worker, nc, prefix):
+    """A job's frames go to the worker's intake through an internal subject; an audit took a
+    job's answer by sending requests whose reply subject named such subjects while the job was
+    computed (they were numbered). Each job's answer reaches its own Pooling-Reply-To."""
+    async with start_worker(minilm, **DURABLE):
+        js = nc.jetstream()
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        texts = [f"text {i} " + "many words in a long sentence " * 30 for i in range(120)]
+        await js.publish(f"{prefix}.jobs.embed", msgpack.packb({"request_id": "job-A",
+                                                                 "input": texts}),
+                         headers={"Pooling-Reply-To": inbox, "Nats-Msg-Id": "job-A"})
+        await asyncio.sleep(0.3)
+        for k in range(40):
+            await nc.publish(f"{prefix}.embed", msgpack.packb({"request_id": f"intruder-{k}",
+                                                               "input": "hijack",
+                                                               "priority": -10}),
+                             reply=f"_POOLWIRE.durable.{k}")
+        frame = msgpack.unpackb((await sub.next_msg(timeout=60)).data)
+        assert frame["request_id"] == "job-A" and len(frame["data"]) == 120
+
+
 async def test_jobs_published_while_no_worker_runs_are_answered_once_one_starts(minilm, start_worker, nc, prefix):
     async with start_worker(minilm, **DURABLE):
         pass  # a worker ran once: the jobs stream exists; now none runs
@@ -210,7 +256,10 @@ async def test_a_poison_job_is_dead_lettered_after_the_stated_deliveries(minilm,
         assert record["request_id"] == "poison-1" and record["task"] == "embed"
         assert record["deliveries"] == 3 and record["error"]["code"] == "internal"
         assert msgpack.unpackb(record["job"])["input"] == "poisonous xylophone"
-        assert msg.headers["Nats-Msg-Id"] == "poison-1" and "Pooling-Reply-To" in msg.headers
+        # Deduplicated by its own place in the jobs stream, the job's id kept beside it: a
+        # second job reusing an id must not have its dead letter dropped as a duplicate.
+        assert msg.headers["Pooling-Job-Msg-Id"] == "poison-1" and "Pooling-Reply-To" in msg.headers
+        assert msg.headers["Nats-Msg-Id"].startswith(f"dead:{stream_name('JOBS', prefix)}:")
         assert worker.intakes[0].counters()["dead_lettered"] == 1
         await poll_until(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
         # Counted once: the error frame the poison's client got. Its retried deliveries, and
