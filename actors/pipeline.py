@@ -86,15 +86,15 @@ def field_list(doc: dict) -> str:
 def checked_doc_id(value: Any, field: str, request_id: str) -> str | int:
     """A document's id as taken from --pipeline-id-field: a string of at most MAX_DOC_ID_CHARS
     characters or a 64-bit integer; else invalid_request naming the field."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() <= 64:
-        return value
+    if isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**64:
+        return value  # a signed or an unsigned 64-bit integer (MessagePack carries both)
     if isinstance(value, str) and 0 < len(value) <= MAX_DOC_ID_CHARS and is_valid_unicode(value):
         return value
     if isinstance(value, str):
         what = (f"is {len(value)} characters long" if value else "is empty") \
             if is_valid_unicode(value) else "is not valid Unicode"
     elif isinstance(value, int) and not isinstance(value, bool):
-        what = f"is an integer of {value.bit_length()} bits"
+        what = "is an integer outside 64 bits (signed or unsigned)"
     else:
         what = f"is a {type(value).__name__}"
     raise invalid(f"document {request_id}'s id field {field_name(field)!r} ({preview(value)}) "

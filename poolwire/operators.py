@@ -82,7 +82,7 @@ def stats_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str
 
 
 INTAKE_COLUMNS = ("worker", "intake", "jobs pending", "in progress", "redelivered",
-                  "dead-lettered", "completed")
+                  "dead-lettered", "retried", "completed")
 
 
 def intake_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[str, ...]]:
@@ -95,7 +95,8 @@ def intake_rows(answers: list[dict], prefix: str | None = None) -> list[tuple[st
             if isinstance(c, dict):
                 rows.append((worker, intake,
                              *(str(c.get(k, 0)) for k in ("pending", "in_progress", "redelivered",
-                                                          "dead_lettered", "completed"))))
+                                                          "dead_lettered", "retried",
+                                                          "completed"))))
     return sorted(rows)
 
 

@@ -138,10 +138,11 @@ def test_stats_show_each_workers_durable_intakes_as_a_table():
                {"id": "z", "metadata": {"worker": "w3", "prefix": "b"},
                 "endpoints": [{"data": {"durable": counters}}]}]
     rows = intake_rows(answers, "a")
-    assert rows == [("w2", "durable", "12", "3", "256", "1", "700"),
-                    ("w2", "pipeline", "12", "3", "256", "1", "700")]
+    assert rows == [("w2", "durable", "12", "3", "256", "1", "2", "700"),
+                    ("w2", "pipeline", "12", "3", "256", "1", "2", "700")]
     table = format_table(INTAKE_COLUMNS, rows).splitlines()
     assert "jobs pending" in table[0] and "dead-lettered" in table[0] and len(table) == 3
+    assert "retried" in table[0]  # every counter DURABLE.md names is a column
     assert len(intake_rows(answers)) == 3
 
 
@@ -212,3 +213,29 @@ def test_only_timeouts_and_503_are_taken_for_an_election():
     assert not jetstream_busy(NotFoundError(code=404))
     assert not jetstream_busy(nats.errors.NoRespondersError())
     assert not jetstream_busy(RuntimeError("must use the same --queue"))
+
+
+@pytest.mark.parametrize("subject, ok", [
+    ("client.replies.7", True), ("_INBOX.abc", True), ("a", True),
+    ("", False), ("audit.s x", False), ("a\tb", False), ("a..b", False), (".a", False),
+    ("a.", False), ("audit.w.*", False), ("a.>", False), ("*", False),
+])
+def test_only_a_subject_a_reply_can_be_published_to_is_a_reply_subject(subject, ok):
+    from poolwire.actors.durable_policy import publishable
+
+    assert publishable(subject) is ok
+
+
+@pytest.mark.parametrize("value, ok", [
+    (-2**63, True), (2**64 - 1, True), (0, True), (-2**63 - 1, False), (2**64, False),
+    (-(2**64 - 1), False), (True, False), ("d-7", True), ("", False),
+])
+def test_a_doc_id_is_a_short_string_or_a_64_bit_integer(value, ok):
+    from poolwire.actors.pipeline import checked_doc_id
+    from poolwire.schemas.errors import PoolingError
+
+    if ok:
+        assert checked_doc_id(value, "id", "DOCS:1") == value
+    else:
+        with pytest.raises(PoolingError, match="64-bit integer"):
+            checked_doc_id(value, "id", "DOCS:1")
