@@ -323,7 +323,7 @@ class Worker:
                              **({"cache": self.cache.counters()} if self.cache else {})}}
 
         return Discovery(self.nc, version=__version__, metadata=metadata,
-                         description="poolwire: pooling models over NATS (PROTOCOL.md v1)",
+                         description="poolwire: pooling models over NATS (PROTOCOL.md 1.3)",
                          endpoint={"name": "pooling", "subject": f"{s.prefix}.*",
                                    "queue_group": s.queue},
                          stats=endpoint_stats)
