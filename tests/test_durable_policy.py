@@ -224,18 +224,3 @@ def test_only_a_subject_a_reply_can_be_published_to_is_a_reply_subject(subject, 
     from poolwire.actors.durable_policy import publishable
 
     assert publishable(subject) is ok
-
-
-@pytest.mark.parametrize("value, ok", [
-    (-2**63, True), (2**64 - 1, True), (0, True), (-2**63 - 1, False), (2**64, False),
-    (-(2**64 - 1), False), (True, False), ("d-7", True), ("", False),
-])
-def test_a_doc_id_is_a_short_string_or_a_64_bit_integer(value, ok):
-    from poolwire.actors.pipeline import checked_doc_id
-    from poolwire.schemas.errors import PoolingError
-
-    if ok:
-        assert checked_doc_id(value, "id", "DOCS:1") == value
-    else:
-        with pytest.raises(PoolingError, match="64-bit integer"):
-            checked_doc_id(value, "id", "DOCS:1")

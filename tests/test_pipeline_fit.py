@@ -103,7 +103,9 @@ def test_a_short_string_or_64_bit_integer_is_a_doc_id(value):
     ("x" * (MAX_DOC_ID_CHARS + 1), f"is {MAX_DOC_ID_CHARS + 1} characters long"),
     ("", "is empty"),
     ("\ud800", "is not valid Unicode"),
-    (2**64, "is an integer of 65 bits"),
+    (2**64, "is an integer outside 64 bits"),
+    (-2**63 - 1, "is an integer outside 64 bits"),  # an audit found -(2**64 - 1) accepted
+    (-(2**64 - 1), "is an integer outside 64 bits"),
     ({"nested": [1, 2]}, "is a dict"),
     (True, "is a bool"),
 ])
