@@ -126,6 +126,8 @@ async def test_a_job_whose_reply_subject_cannot_be_published_to_is_terminated_an
         for sub in subs:
             assert len(msgpack.unpackb((await sub.next_msg(timeout=10)).data)["data"]) == 1
         await poll_until(lambda: _empty(js, stream_name("JOBS", prefix), "poolwire_poolwire"))
+        # A sleep, not a wait on an event: what is checked is that nothing happens (no
+        # redelivery) for longer than ack_wait, after which JetStream would have redelivered.
         await asyncio.sleep(2 * DURABLE["durable_ack_wait_s"])
         assert worker.intakes[0].redelivered == 0 and worker.supervisor.restarts == {}
 
@@ -135,7 +137,7 @@ async def test_a_request_naming_a_job_s_internal_subject_cannot_take_its_answer(
     """A job's frames go to the worker's intake through an internal subject; an audit took a
     job's answer by sending requests whose reply subject named such subjects while the job was
     computed (they were numbered). Each job's answer reaches its own Pooling-Reply-To."""
-    async with start_worker(minilm, **DURABLE):
+    async with start_worker(minilm, **DURABLE) as worker:
         js = nc.jetstream()
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
@@ -143,7 +145,8 @@ async def test_a_request_naming_a_job_s_internal_subject_cannot_take_its_answer(
         await js.publish(f"{prefix}.jobs.embed", msgpack.packb({"request_id": "job-A",
                                                                  "input": texts}),
                          headers={"Pooling-Reply-To": inbox, "Nats-Msg-Id": "job-A"})
-        await asyncio.sleep(0.3)
+        # The intruders come while the job is in flight (its internal subject routed).
+        await poll_until(lambda: asyncio.sleep(0, worker.intakes[0].held == 1))
         for k in range(40):
             await nc.publish(f"{prefix}.embed", msgpack.packb({"request_id": f"intruder-{k}",
                                                                "input": "hijack",
