@@ -524,12 +524,9 @@ def _infer(compiled: _Compiled, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
     the near-zero model's whole forward pass (bench/service_cost.py). The tensors share the
     arrays' memory, which outlives the call; the output is copied out of the request's
     buffer, which the next batch overwrites."""
-    given = dict(zip(INPUTS, arrays))
-    request = compiled.request
-    for name in compiled.inputs:
-        request.set_tensor(name, compiled.tensor(given[name], shared_memory=True))
+    _set_inputs(compiled, dict(zip(INPUTS, arrays)))
     try:
-        out = _outputs(request)
+        out = _outputs(compiled.request)
     except Exception:
         _set_up_again(compiled)
         raise
@@ -548,15 +545,19 @@ def _set_up_again(compiled: _Compiled) -> None:
     given = {"input_ids": np.zeros((1, width), dtype=np.int64),
              "attention_mask": np.ones((1, width), dtype=np.int64),
              "token_type_ids": np.zeros((1, width), dtype=np.int64)}
-    request = compiled.request
     try:
-        for name in compiled.inputs:
-            request.set_tensor(name, compiled.tensor(given[name], shared_memory=True))
-        request.infer()  # the next pass sets its own tensors over these, as every pass does
+        _set_inputs(compiled, given)
+        compiled.request.infer()  # the next pass sets its own tensors over these, as each does
         compiled.shape = (1, width)
     except Exception:  # the batch's own error is what its requests are answered with
         log.exception("a pass of one token, to set OpenVINO's shapes up again after a failed "
                       "pass, failed too; the next batches may fail until one of a new shape")
+
+
+def _set_inputs(compiled: _Compiled, given: dict[str, np.ndarray]) -> None:
+    """The graph's inputs set on the request, sharing the arrays' memory."""
+    for name in compiled.inputs:
+        compiled.request.set_tensor(name, compiled.tensor(given[name], shared_memory=True))
 
 
 def _outputs(request) -> np.ndarray:
