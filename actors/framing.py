@@ -13,7 +13,8 @@ from poolwire.schemas.codec import Float32Rows, WireFormat, encode
 from poolwire.schemas.errors import ErrorCode, PoolingError
 
 
-@dataclass(frozen=True)
+# Not frozen, for its __init__'s cost on the hot path (see actors/messages.py); never assigned.
+@dataclass(unsafe_hash=True)
 class ReplyStyle:
     """How one request wants its items: the codec, float lists or raw bytes, and which dtype."""
 

@@ -165,7 +165,7 @@ def prompt_for(task: Task, request: PoolingRequest, prompts: dict[str, str],
 
 def _check_images(request: PoolingRequest, facts: ModelFacts) -> None:
     """PROTOCOL 1.3: an image on a text-only model is invalid_request naming its element."""
-    if facts.images:
+    if facts.images or not has_elements(request):  # plain strings, the common case
         return
     for field, index, value in elements_of(request):
         if is_image(value):

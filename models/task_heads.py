@@ -40,7 +40,8 @@ class ScoreMethod:
     TOKEN_LOGITS = "token-logits"    # a one-label classifier on the pair's prompt template
 
 
-@dataclass(frozen=True)
+# Not frozen, for its __init__'s cost on the hot path (see actors/messages.py); never assigned.
+@dataclass(unsafe_hash=True)
 class PoolSpec:
     """What the forward thread does with one sequence's output. Sequences of one batch may
     differ here (per-request options); the thread groups them."""
@@ -75,7 +76,8 @@ class Rerank:
     documents: tuple[str | None, ...] | None = None  # None where a document is an image
 
 
-@dataclass(frozen=True)
+# Not frozen, for its __init__'s cost on the hot path (see actors/messages.py); never assigned.
+@dataclass(unsafe_hash=True)
 class TaskPlan:
     """A request's sequences, what to compute on each, and how outputs map to items."""
 

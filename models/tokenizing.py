@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from poolwire.schemas.errors import ErrorCode, PoolingError, invalid
 
 
-@dataclass(frozen=True)
+# Not frozen, for its __init__'s cost on the hot path (see actors/messages.py); never assigned.
+@dataclass(unsafe_hash=True)
 class TokenSeq:
     ids: list[int]
     type_ids: list[int] | None = None  # segment ids of a text pair (cross-encoder)

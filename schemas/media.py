@@ -77,8 +77,19 @@ def elements_of(request) -> Iterator[tuple[str, int | None, object]]:
 
 
 def has_elements(request) -> bool:
-    """Whether any element is an image or a `{"text"}` element (not only plain strings)."""
-    return any(not isinstance(v, str) for _, _, v in elements_of(request))
+    """Whether any element is an image or a `{"text"}` element (not only plain strings).
+    Asked of every request twice (model_fields.py): a loop, not elements_of's generator."""
+    for name in ELEMENT_FIELDS:
+        value = getattr(request, name, None)
+        if value is None or isinstance(value, str):
+            continue
+        if not isinstance(value, list):
+            return True
+        if value and isinstance(value[0], (int, list)):
+            continue  # token ids
+        if not all(isinstance(v, str) for v in value):
+            return True
+    return False
 
 
 def has_images(request) -> bool:

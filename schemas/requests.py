@@ -112,6 +112,7 @@ REQUIRED_FIELDS: dict[Task, tuple[str, ...]] = {
     Task.SCORE: ("text_1", "text_2"),
 }
 ALL_FIELDS = frozenset(PoolingRequest.model_fields)
+_ALLOWED: dict[Task, frozenset[str]] = {task: keys | COMMON_FIELDS for task, keys in TASK_FIELDS.items()}
 
 
 def request_id_of(body: Any) -> str | None:
@@ -127,15 +128,9 @@ def request_id_of(body: Any) -> str | None:
 def parse_request(task: Task, body: dict[str, Any]) -> PoolingRequest:
     """Validate a decoded body for `task`; raises PoolingError(invalid_request) naming the field."""
     present = {k: v for k, v in body.items() if v is not None}  # null counts as absent
-    for key in present:
-        if not isinstance(key, str) or key not in ALL_FIELDS:
-            raise invalid(f"unknown key {preview(key)}; valid keys for {task}: "
-                          f"{sorted(TASK_FIELDS[task] | COMMON_FIELDS)}",
-                          field=field_name(key) if isinstance(key, str) else preview(key))
-    allowed = TASK_FIELDS[task] | COMMON_FIELDS
-    for key in present:
-        if key not in allowed:
-            raise invalid(f"{key!r} is not valid for task {task}", field=key)
+    allowed = _ALLOWED[task]
+    if not allowed.issuperset(present):
+        _refuse_key(task, present)
     if task is Task.SCORE:
         _check_score_form(present)
     else:
@@ -151,6 +146,19 @@ def parse_request(task: Task, body: dict[str, Any]) -> PoolingRequest:
         raise invalid(f"outputs {request.outputs} names an output twice: name each once",
                       field="outputs")
     return request
+
+
+def _refuse_key(task: Task, present: dict[str, Any]) -> None:
+    """The error for the first key a body for `task` may not carry: an unknown key before one
+    that is valid only for another task."""
+    for key in present:
+        if not isinstance(key, str) or key not in ALL_FIELDS:
+            raise invalid(f"unknown key {preview(key)}; valid keys for {task}: "
+                          f"{sorted(_ALLOWED[task])}",
+                          field=field_name(key) if isinstance(key, str) else preview(key))
+    for key in present:
+        if key not in _ALLOWED[task]:
+            raise invalid(f"{key!r} is not valid for task {task}", field=key)
 
 
 def _check_score_form(present: dict[str, Any]) -> None:
