@@ -26,7 +26,7 @@ from poolwire.actors.reply_size import check_reply_fits, reply_room
 from poolwire.actors.runtime import Actor, MailboxFull
 from poolwire.actors.stats import StageStats
 from poolwire.actors.tracing import OFF, Tracing, trace_of
-from poolwire.models.assembly import assemble_items, sequence_value
+from poolwire.models.assembly import assemble_items, sequence_values
 from poolwire.models.sparse_vector import SparseVector
 from poolwire.models.task_heads import TaskPlan, plan_task, texts_for_ids
 from poolwire.models.tokenizing import Tokenizing
@@ -118,6 +118,15 @@ class _Tokenized:
 
     jobs: list
     ahead: dict
+
+
+@dataclass
+class _Shape:
+    """A planned batch's size: sequences, their real tokens, and padded (rows x longest)."""
+
+    sequences: int
+    real: int
+    padded: int
 
 
 @dataclass(eq=False)
@@ -478,30 +487,33 @@ class EngineActor(Actor):
         delivery before it still under way, hand back the delivery for the batch loop to
         await itself: one turn of the event loop less for a request that is alone."""
         seqs, specs = [], []
+        real = longest = 0  # the items' token counts, which are their sequences' lengths
         for item in batch:
             flight, i = item.payload
             seqs.append(flight.plan.sequences[i])
             specs.append(flight.plan.spec_for(i))
+            real += item.tokens
+            longest = max(longest, item.tokens)
+        shape = _Shape(len(seqs), real, len(seqs) * longest)
         self._in_forward += 1
         span = self._tracing.forward_started(
-            [trace_of(item.payload[0].job) for item in batch], len(seqs),
-            len(seqs) * max(len(s) for s in seqs)) if self._tracing.enabled else None
-        future = self._forward(loop, seqs, specs)
+            [trace_of(item.payload[0].job) for item in batch], shape.sequences,
+            shape.padded) if self._tracing.enabled else None
+        future = self._forward(loop, seqs, specs, shape.padded)
         previous = self._last_delivery
-        delivery = self._complete(batch, seqs, future, previous, span)
+        delivery = self._complete(batch, shape, future, previous, span)
         if future.done() and (previous is None or previous.done()):
             return delivery
         self._last_delivery = asyncio.create_task(delivery, name="poolwire-deliver")
         return None
 
-    def _forward(self, loop, seqs, specs) -> asyncio.Future:
+    def _forward(self, loop, seqs, specs, padded: int) -> asyncio.Future:
         """The batch's result, as a future: computed in the forward thread, or at once on the
         loop where the engine is otherwise idle and the backend knows the batch to be quick
         (batch_planner.computes_on_loop). Either way one thread computes at a time: the forward
         thread has finished every batch it was handed when `_in_forward` reads 1 (this one)."""
         idle = self._in_forward == 1 and not len(self._planner) and not self._on_its_way()
-        tokens = len(seqs) * max(len(s) for s in seqs)
-        if not computes_on_loop(self.backend.seconds_alone(specs[0].forward, tokens), idle):
+        if not computes_on_loop(self.backend.seconds_alone(specs[0].forward, padded), idle):
             return loop.run_in_executor(self._forward_thread, run_batch, self.backend, seqs,
                                         specs)
         future = loop.create_future()
@@ -511,7 +523,7 @@ class EngineActor(Actor):
             future.set_exception(exc)
         return future
 
-    async def _complete(self, batch, seqs, future, previous: asyncio.Task | None,
+    async def _complete(self, batch, shape: "_Shape", future, previous: asyncio.Task | None,
                         span=None) -> None:
         try:
             result = await future
@@ -526,11 +538,10 @@ class EngineActor(Actor):
             # Deliver in batch order: a request's frames stay ordered. (Only on a task not done
             # yet: a wait on a done one still costs a turn of the event loop.)
             await asyncio.wait([previous])
-        flights = {item.payload[0] for item in batch}
         try:
             if isinstance(result, Exception):
                 raise result
-            self._record(seqs, result)
+            self._record(shape, result)
             # Each request's outputs of this batch together (in batch order): one hand-over a
             # request, not one a sequence (32 texts a request: bench/service_cost.py).
             per_flight: dict[InFlight, list] = {}
@@ -541,23 +552,21 @@ class EngineActor(Actor):
                 await self._deliver(flight, outputs)
         except Exception as exc:  # nothing a client sent is lost without an answer
             log.exception("a batch of %d sequences failed", len(batch))
-            for flight in flights:
+            for flight in {item.payload[0] for item in batch}:
                 await self._fail(flight, PoolingError(ErrorCode.INTERNAL,
                                                       f"the batch failed: {exc!r}"))
 
-    def _record(self, seqs, result) -> None:
-        tokens = sum(len(s) for s in seqs)
+    def _record(self, shape: "_Shape", result) -> None:
         st = self.stats
         st.add("forward", result.forward_s)
         st.add("pool", result.pool_s)
         st.batches += 1
-        st.sequences += len(seqs)
-        st.real_tokens += tokens
-        padded = len(seqs) * max(len(s) for s in seqs)
-        st.padded_tokens += padded
+        st.sequences += shape.sequences
+        st.real_tokens += shape.real
+        st.padded_tokens += shape.padded
         if self._metrics is not None:
-            self._metrics.observe_batch(len(seqs), padded)
-        rate = tokens / max(result.forward_s + result.pool_s, 1e-6)
+            self._metrics.observe_batch(shape.sequences, shape.padded)
+        rate = shape.real / max(result.forward_s + result.pool_s, 1e-6)
         self._tokens_per_s = rate if not self._tokens_per_s else 0.8 * self._tokens_per_s + 0.2 * rate
 
     def _full_batch_queued(self) -> bool:
@@ -634,7 +643,7 @@ class EngineActor(Actor):
         if flight.failed:
             return
         job, plan = flight.job, flight.plan
-        values = [(i, sequence_value(job.task, plan, value)) for i, value in outputs]
+        values = sequence_values(job.task, plan, outputs)
         flight.remaining -= len(values)
         if flight.cache_keys is not None:  # computed for the result cache's misses
             values = [(flight.item_of[i], value) for i, value in values]
@@ -679,8 +688,11 @@ class EngineActor(Actor):
                                   images=plan.images)
         else:
             with self.stats.timed("encode"):
-                wire = [wire_item(i, _item(v), flight.style, extras=plan.extras(i, v))
-                        for i, v in items]
+                if plan.has_extras:
+                    wire = [wire_item(i, v, flight.style, extras=plan.extras(i, v))
+                            for i, v in items]
+                else:  # the common case: no extras, so no call per item to find none
+                    wire = [wire_item(i, v, flight.style) for i, v in items]
                 room, room_headers = reply_room(job, self._replier.max_payload)
                 body = one_reply(job.request_id, self.model.name, job.task.value, wire,
                                  plan.prompt_tokens, flight.style, room, room_headers,

@@ -54,8 +54,10 @@ def wire_item(index: int, values: np.ndarray, style: ReplyStyle,
         # PROTOCOL 1.3, several outputs: `data` maps each output asked to its own form; in
         # binary each is its kind's binary item without `index`.
         item["data"] = {name: _value_wire(value, style) for name, value in values.items()}
-    else:
+    elif style.binary:  # its map's keys are the item's own
         item.update(_value_wire(values, style, key=True))
+    else:
+        item["data"] = _value_wire(values, style)
     if offset is not None:
         item["offset"] = offset
     if extras:

@@ -13,12 +13,23 @@ from poolwire.models.task_heads import TaskPlan, cosine_items
 from poolwire.schemas.tasks import Task
 
 
+def _pair_scores(task: Task, plan: TaskPlan) -> bool:
+    """A cross-encoder's sequences, whose pooled output's one label is the pair's score."""
+    return task is Task.SCORE and plan.pairs is None
+
+
 def sequence_value(task: Task, plan: TaskPlan, value: np.ndarray) -> np.ndarray:
-    """One sequence's pooled output as its plan keeps it: a cross-encoder's one label is the
-    pair's score."""
-    if task is Task.SCORE and plan.pairs is None:
-        return value.reshape(-1)[0]
-    return value
+    """One sequence's pooled output as its plan keeps it."""
+    return value.reshape(-1)[0] if _pair_scores(task, plan) else value
+
+
+def sequence_values(task: Task, plan: TaskPlan,
+                    outputs: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
+    """sequence_value of each (sequence index, output) of one request, decided once for it:
+    the engine delivers a request's outputs of a batch together."""
+    if not _pair_scores(task, plan):
+        return outputs
+    return [(i, sequence_value(task, plan, value)) for i, value in outputs]
 
 
 def finish_vectors(model: LoadedModel, vectors: list[np.ndarray], spec) -> list[np.ndarray]:

@@ -109,6 +109,12 @@ class TaskPlan:
             return self.spec
         return replace(self.spec, forward=self.forwards[index])
 
+    @property
+    def has_extras(self) -> bool:
+        """Whether any item carries something besides its data (`extras`)."""
+        return (self.token_meta is not None or self.entities is not None
+                or (self.rerank is not None and self.rerank.documents is not None))
+
     def extras(self, index: int, rows: np.ndarray) -> dict | None:
         """What an item carries besides its data: tokens, offsets, entities, document."""
         out: dict = {}
