@@ -10,7 +10,8 @@ from PIL import Image
 from poolwire.models.images import Where, decode_image, image_bytes
 from poolwire.models.multimodal import find_multimodal
 from poolwire.schemas.errors import PoolingError
-from poolwire.schemas.media import ImageElement, ImageRefElement, TextElement, has_images
+from poolwire.schemas.media import (ImageElement, ImageRefElement, TextElement, elements_of,
+                                   has_elements, has_images)
 from poolwire.schemas.requests import parse_request
 from poolwire.schemas.tasks import Task
 from tests.multimodal_models import encoded
@@ -27,6 +28,25 @@ def test_elements_parse_in_every_field_and_keep_their_order():
     p = parse_request(Task.SCORE, {"text_1": {"text": "t"}, "text_2": [{"image": PNG}]})
     assert isinstance(p.text_1, TextElement) and has_images(p)
     assert not has_images(parse_request(Task.EMBED, {"input": ["only", "texts"]}))
+
+
+@pytest.mark.parametrize("task, body", [
+    (Task.EMBED, {"input": "plain"}),
+    (Task.EMBED, {"input": ["plain", "texts"]}),
+    (Task.EMBED, {"input": [3, 4]}),                                  # token ids are not elements
+    (Task.EMBED, {"input": [[3, 4], [5]]}),
+    (Task.EMBED, {"input": {"text": "one"}}),
+    (Task.EMBED, {"input": ["a", "b", {"text": "last"}]}),            # not only the first looked at
+    (Task.EMBED, {"input": [{"image": PNG}, "b"]}),
+    (Task.SCORE, {"text_1": "q", "text_2": ["a", "b"]}),
+    (Task.SCORE, {"text_1": "q", "text_2": ["a", {"text": "b"}]}),
+    (Task.SCORE, {"query": "q", "documents": ["a", "b"]}),
+    (Task.SCORE, {"query": {"text": "q"}, "documents": ["a"]}),
+    (Task.SCORE, {"query": "q", "documents": ["a", {"image": PNG}]}),
+])
+def test_has_elements_is_whether_any_element_is_not_a_plain_string(task, body):
+    request = parse_request(task, body)
+    assert has_elements(request) == any(not isinstance(v, str) for _, _, v in elements_of(request))
 
 
 @pytest.mark.parametrize("body", [

@@ -55,6 +55,12 @@ def test_unknown_key_comes_before_type_errors():
     assert err.extra["field"] == "bogus"
 
 
+def test_an_unknown_key_comes_before_one_of_another_task_wherever_it_stands():
+    for body in ({"input": "x", "aggregation": "simple", "bogus": 1},
+                 {"input": "x", "bogus": 1, "aggregation": "simple"}):
+        assert error_of(Task.EMBED, body).extra["field"] == "bogus"
+
+
 def test_field_not_valid_for_task_comes_before_type_errors():
     err = error_of(Task.CLASSIFY, {"input": 5, "dimensions": "x"})
     assert err.extra["field"] == "dimensions" and "not valid for task classify" in err.message
