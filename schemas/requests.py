@@ -112,7 +112,8 @@ REQUIRED_FIELDS: dict[Task, tuple[str, ...]] = {
     Task.SCORE: ("text_1", "text_2"),
 }
 ALL_FIELDS = frozenset(PoolingRequest.model_fields)
-_ALLOWED: dict[Task, frozenset[str]] = {task: keys | COMMON_FIELDS for task, keys in TASK_FIELDS.items()}
+_ALLOWED: dict[Task, frozenset[str]] = {task: keys | COMMON_FIELDS
+                                         for task, keys in TASK_FIELDS.items()}
 
 
 def request_id_of(body: Any) -> str | None:
