@@ -17,7 +17,8 @@ import numpy as np
 from poolwire.actors.batch_planner import BatchPlanner, QueuedItem, computes_on_loop
 from poolwire.models.backend import Backend, TorchBackend
 from poolwire.models.forward import run_batch
-from poolwire.actors.framing import ReplyStyle, done_frame, item_frames, one_reply, wire_item
+from poolwire.actors.framing import (ReplyStyle, done_frame, item_frames, one_reply, rows_from,
+                                     wire_item)
 from poolwire.actors.messages import Job
 from poolwire.actors.metrics import WorkerMetrics
 from poolwire.models.model import LoadedModel
@@ -688,11 +689,12 @@ class EngineActor(Actor):
                                   images=plan.images)
         else:
             with self.stats.timed("encode"):
+                rows = rows_from(len(items))
                 if plan.has_extras:
-                    wire = [wire_item(i, v, flight.style, extras=plan.extras(i, v))
-                            for i, v in items]
+                    wire = [wire_item(i, v, flight.style, extras=plan.extras(i, v),
+                                      rows_from=rows) for i, v in items]
                 else:  # the common case: no extras, so no call per item to find none
-                    wire = [wire_item(i, v, flight.style) for i, v in items]
+                    wire = [wire_item(i, v, flight.style, rows_from=rows) for i, v in items]
                 room, room_headers = reply_room(job, self._replier.max_payload)
                 body = one_reply(job.request_id, self.model.name, job.task.value, wire,
                                  plan.prompt_tokens, flight.style, room, room_headers,

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from poolwire.actors.framing import (ROWS_FROM, ReplyStyle, done_frame, error_frame, header_bytes,
-                                    item_frames, one_reply, wire_item)
-from poolwire.schemas.codec import WireFormat, decode
+                                    item_frames, one_reply, rows_from, wire_item)
+from poolwire.schemas.codec import Float32Rows, WireFormat, decode
 from poolwire.schemas.errors import ErrorCode, PoolingError
 from poolwire.schemas.replies import DoneFrame, ErrorFrame, OneReply, StreamItemFrame
 
@@ -40,6 +40,22 @@ def test_float32_items_are_the_bytes_of_their_values_packed_as_32_bit_floats(sha
     assert msgpack.unpackb(body) == msgpack.unpackb(
         msgpack.packb(frame, use_single_float=True, use_bin_type=True))
     assert body.count(b"\xca") >= values.size  # every value a MessagePack float32
+
+
+@pytest.mark.parametrize("items, width, from_bytes", [
+    (1, 100, False), (2, 100, False), (4, 100, True), (4, 64, False), (32, 48, True),
+    (32, 32, False), (64, 48, True), (16, 56, True), (16, 48, False), (3, ROWS_FROM, True)])
+def test_a_reply_of_many_items_writes_shorter_vectors_from_their_bytes(items, width, from_bytes):
+    # The rows' fixed cost is shared by a reply's items (rows_from): which way each item goes,
+    # and the same values either way.
+    rng = np.random.default_rng(items * 1000 + width)
+    vectors = [rng.standard_normal(width).astype(np.float32) for _ in range(items)]
+    wire = [wire_item(i, v, FLOAT, rows_from=rows_from(items)) for i, v in enumerate(vectors)]
+    assert all(isinstance(w["data"], Float32Rows) == from_bytes for w in wire)
+    body = one_reply("r", "m", "embed", wire, 5, FLOAT, 1 << 20)
+    expected = [{"index": i, "data": v.tolist()} for i, v in enumerate(vectors)]
+    assert msgpack.unpackb(body)["data"] == msgpack.unpackb(
+        msgpack.packb(expected, use_single_float=True))
 
 
 def test_one_reply_over_max_payload_is_payload_too_large_naming_stream_and_binary():
