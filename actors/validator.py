@@ -106,6 +106,11 @@ class ValidatorActor(Actor):
         task = parse_task(task_name)
         if task is None or self.policy.judge(task) != Verdict.DEPRECATED:
             return headers
+        return self._with_deprecation_header(headers)
+
+    def _with_deprecation_header(self, headers: dict[str, str] | None) -> dict[str, str]:
+        """A deprecated-task request's headers: its own, and Pooling-Deprecation naming the
+        configured task."""
         return {**(headers or {}), DEPRECATION_HEADER: self.policy.configured.value}
 
     def _validate(self, incoming: Incoming) -> Job:
@@ -142,7 +147,7 @@ class ValidatorActor(Actor):
             hint=f"start a worker for this task: poolwire serve --task {task} "
                  f"(or POOLWIRE_TASK={task})")
         return replace(job, warnings=(message,),
-                       headers={**(job.headers or {}), DEPRECATION_HEADER: configured.value},
+                       headers=self._with_deprecation_header(job.headers),
                        deprecation=event)
 
     async def on_failure(self, incoming: Incoming, exc: BaseException) -> None:
